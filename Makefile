@@ -1,0 +1,27 @@
+# Two commands for a newcomer: `make run` and `make test`. Each builds .venv on first use and
+# refreshes it whenever pyproject.toml changes.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Overrides for `make run`, e.g. make run ARGS="--episodes generated:5"
+ARGS ?=
+
+.PHONY: run test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# The CPU torch wheel first, so nothing later pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/trajrag run $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,64 @@
+"""The ``trajrag`` command line: one subcommand module per capability.
+
+Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its subcommand
+and sets ``func`` on the parsed namespace. Errors a user can fix (bad files, bad config) exit
+with status 2 and one clear line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from trajrag.config import ConfigError
+
+COMMAND_MODULES = (
+    "trajrag.cli.run",
+    "trajrag.cli.episodes",
+    "trajrag.cli.bench",
+)
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed as one line, exit status 2."""
+
+
+def add_override_arg(parser: argparse.ArgumentParser) -> None:
+    """The common ``--set section.key=value`` option (repeatable)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value from configs/<section>.yaml, e.g. --set sim.width=160",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trajrag",
+        description="TrajRAG: retrieval-augmented zero-shot ObjectNav on Ray. "
+        "Every command runs offline on the embedded defaults (procedural homes, oracle semantics).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, ConfigError, FileNotFoundError) as exc:
+        print(f"trajrag {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

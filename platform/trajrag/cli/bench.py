@@ -1,0 +1,30 @@
+"""``trajrag bench NAME --json``: benchmarks that print one JSON object (never timed tests)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+from trajrag.cli import add_override_arg
+
+# name -> "module:function"; the function takes the parsed args and returns a JSON-able dict.
+BENCHES: dict[str, str] = {
+    "sim": "trajrag.bench.sim:run",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark and print one JSON object")
+    parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
+    parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
+    parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests")
+    add_override_arg(parser)
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    module_name, func_name = BENCHES[args.name].split(":")
+    result = getattr(importlib.import_module(module_name), func_name)(args)
+    print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
+    return 0

@@ -1,0 +1,1 @@
+"""Worlds: scenes, the simulator, ObjectNav episodes and metrics (habitat-lab conventions)."""

@@ -1,0 +1,102 @@
+"""The one scene representation shared by every source (procedural, Gibson, habitat adapter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trajrag.world.frames import Pose2D
+
+NO_INSTANCE = 0
+NO_CATEGORY = -1
+
+
+@dataclass
+class Scene:
+    """A top-down scene on a regular grid of square cells.
+
+    Attributes:
+        name: unique scene name, e.g. ``procedural/train/0007`` or ``gibson/Allensville/0``.
+        categories: object category names; a category id is an index into this tuple.
+        traversable: bool (H, W): cells where the agent's *centre* may stand. It already keeps
+            the agent radius off walls and objects (procedural scenes erode their free space at
+            generation; Gibson's navmesh-derived floor needs no erosion).
+        floor: bool (H, W): cells with no wall, i.e. where the floor is visible (a superset of
+            ``traversable``; objects stand on floor cells). Everything else renders as a wall.
+        instance_map: int32 (H, W): object instance id per cell, ``0`` where there is none.
+        category_map: int16 (H, W): category id per cell, ``-1`` where there is none.
+        instance_category: int16 (n_instances + 1,): category id of each instance id
+            (index 0 is ``-1``).
+        cell_size: cell edge in metres (0.05 by default, as VLFM, SemExp and the Gibson maps).
+        origin: map-frame ``(x, y)`` in metres of the corner of cell ``(0, 0)``.
+        floor_height: habitat ``Y`` of this floor, metres (for writing habitat positions).
+        meta: free-form provenance (generator seed, room list, source file).
+    """
+
+    name: str
+    categories: tuple[str, ...]
+    traversable: np.ndarray
+    floor: np.ndarray
+    instance_map: np.ndarray
+    category_map: np.ndarray
+    instance_category: np.ndarray
+    cell_size: float = 0.05
+    origin: tuple[float, float] = (0.0, 0.0)
+    floor_height: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shape = self.traversable.shape
+        for attr in ("floor", "instance_map", "category_map"):
+            if getattr(self, attr).shape != shape:
+                raise ValueError(f"scene {self.name}: {attr} shape {getattr(self, attr).shape} != {shape}")
+        self.traversable = self.traversable.astype(bool, copy=False)
+        self.floor = self.floor.astype(bool, copy=False)
+        self.instance_map = self.instance_map.astype(np.int32, copy=False)
+        self.category_map = self.category_map.astype(np.int16, copy=False)
+        self.instance_category = np.asarray(self.instance_category, dtype=np.int16)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.traversable.shape
+
+    def category_id(self, name: str) -> int:
+        """Category id of ``name``; ``KeyError`` naming the scene if it has no such category."""
+        try:
+            return self.categories.index(name)
+        except ValueError:
+            raise KeyError(f"scene {self.name} has no category {name!r}; it has {list(self.categories)}") from None
+
+    def present_categories(self) -> list[str]:
+        """Names of the categories with at least one object in this scene."""
+        ids = np.unique(self.instance_category[1:])
+        return [self.categories[i] for i in ids if i >= 0]
+
+    # -- geometry ---------------------------------------------------------------------------
+    def to_cell(self, xy: np.ndarray) -> np.ndarray:
+        """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
+        xy = np.asarray(xy, dtype=np.float64)
+        col = np.floor((xy[..., 0] - self.origin[0]) / self.cell_size)
+        row = np.floor((xy[..., 1] - self.origin[1]) / self.cell_size)
+        return np.stack([row, col], axis=-1).astype(np.int64)
+
+    def to_xy(self, cell: np.ndarray) -> np.ndarray:
+        """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
+        cell = np.asarray(cell, dtype=np.float64)
+        x = self.origin[0] + (cell[..., 1] + 0.5) * self.cell_size
+        y = self.origin[1] + (cell[..., 0] + 0.5) * self.cell_size
+        return np.stack([x, y], axis=-1)
+
+    def in_bounds(self, cell: np.ndarray) -> np.ndarray:
+        cell = np.asarray(cell)
+        h, w = self.shape
+        return (cell[..., 0] >= 0) & (cell[..., 0] < h) & (cell[..., 1] >= 0) & (cell[..., 1] < w)
+
+    def is_traversable(self, xy: np.ndarray) -> bool:
+        """Whether the agent's centre may stand at map-frame ``xy`` (metres)."""
+        cell = self.to_cell(xy)
+        return bool(self.in_bounds(cell) and self.traversable[cell[0], cell[1]])
+
+    def pose_is_valid(self, pose: Pose2D) -> bool:
+        return self.is_traversable(pose.xy)
