@@ -25,8 +25,15 @@ T = TypeVar("T")
 SECTIONS: dict[str, str] = {
     "sim": "trajrag.world.sim:SimConfig",
     "procedural": "trajrag.world.procedural:ProceduralConfig",
-    "episodes": "trajrag.world.episodes:EpisodeConfig",
+    "episodes": "trajrag.world.episode_gen:EpisodeConfig",
     "oracle": "trajrag.agent.oracle:OracleConfig",
+    "run": "trajrag.cli.run:RunConfig",
+    "gibson": "trajrag.world.gibson:GibsonConfig",
+    "perception": "trajrag.perception.oracle:PerceptionConfig",
+    "mapping": "trajrag.mapping.semantic_map:MappingConfig",
+    "policy": "trajrag.mapping.local_policy:PolicyConfig",
+    "topo": "trajrag.topo.trajectory:TopoConfig",
+    "memory": "trajrag.memory.grouping:MemoryConfig",
 }
 
 

@@ -24,6 +24,13 @@ class UserError(Exception):
     """An error caused by the user's input; printed as one line, exit status 2."""
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
+    from trajrag.world.datasets import DATA_ERRORS
+
+    return (UserError, ConfigError, FileNotFoundError, *DATA_ERRORS)
+
+
 def add_override_arg(parser: argparse.ArgumentParser) -> None:
     """The common ``--set section.key=value`` option (repeatable)."""
     parser.add_argument(
@@ -52,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, FileNotFoundError) as exc:
+    except Exception as exc:  # noqa: BLE001 - user errors become one line, the rest re-raise
+        if not isinstance(exc, _user_errors()):
+            raise
         print(f"trajrag {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,111 @@
+"""Evaluate agents on a set of episodes: per-episode JSONL (resumable), summaries, a results table.
+
+One process here; the platform issue fans the same episode loop out over Ray actors.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tqdm import tqdm
+
+from trajrag.agent.episode_runner import EpisodeResult, run_episode
+from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.metrics import EpisodeMetrics, summarize
+from trajrag.world.scene import Scene
+
+TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions")
+
+
+@dataclass
+class AgentRun:
+    """Where one agent's episodes go: ``<out>/<agent>/episodes.jsonl``."""
+
+    name: str
+    directory: Path
+
+    @property
+    def records(self) -> Path:
+        return self.directory / "episodes.jsonl"
+
+    def finished(self) -> dict[tuple[str, str], dict]:
+        """Records already written, keyed by (scene_key, episode_id); a torn last line is dropped."""
+        done: dict[tuple[str, str], dict] = {}
+        if not self.records.is_file():
+            return done
+        for line in self.records.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash: that episode simply runs again
+            done[(record["scene_key"], record["episode_id"])] = record
+        return done
+
+
+def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: Sequence[ObjectNavEpisode],
+                   scenes: Sequence[Scene], out_dir: Path, episode_cfg, progress: bool = True) -> dict:
+    """Run one agent on every episode not yet in ``out_dir/name/episodes.jsonl`` and summarise all.
+
+    Returns ``summarize`` of the metrics (``episodes``, ``sr``, ``spl``, ``dtg_m``, ...).
+    """
+    run = AgentRun(name, Path(out_dir) / name)
+    run.directory.mkdir(parents=True, exist_ok=True)
+    done = run.finished()
+    by_name = {scene.name: scene for scene in scenes}
+    todo = [e for e in episodes if (e.scene_key, str(e.episode_id)) not in done]
+    agent = make_agent()
+    with run.records.open("a") as sink:
+        for episode in tqdm(todo, desc=f"eval {name}", unit="ep", disable=not progress):
+            result = run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=episode_cfg)
+            record = _record(result)
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            done[(record["scene_key"], record["episode_id"])] = record
+    wanted = {(e.scene_key, str(e.episode_id)) for e in episodes}
+    metrics = [_metrics(done[key]["metrics"]) for key in sorted(wanted)]
+    summary = summarize(metrics)
+    (run.directory / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    return summary
+
+
+def _record(result: EpisodeResult) -> dict:
+    record = result.to_dict()
+    metrics = record["metrics"]
+    if not math.isfinite(metrics["distance_to_goal"]):
+        metrics["distance_to_goal"] = None  # JSON has no inf; read back as unreachable
+    return record
+
+
+def _metrics(stored: dict) -> EpisodeMetrics:
+    dtg = stored["distance_to_goal"]
+    return EpisodeMetrics(**{**stored, "distance_to_goal": math.inf if dtg is None else dtg})
+
+
+def _json_default(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
+
+
+def write_results_table(summaries: dict[str, dict], out_dir: Path) -> str:
+    """``results.md`` and ``results.csv`` with one row per agent; returns the markdown."""
+    rows = [{"agent": name, **{k: s.get(k) for k in TABLE_COLUMNS[1:]}} for name, s in summaries.items()]
+    with (Path(out_dir) / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row[c]) for c in TABLE_COLUMNS) + " |")
+    markdown = "\n".join(lines) + "\n"
+    (Path(out_dir) / "results.md").write_text(markdown)
+    return markdown
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if math.isfinite(value) else "-"
+    return "-" if value is None else str(value)

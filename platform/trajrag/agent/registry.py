@@ -1,0 +1,24 @@
+"""Agents by name, as the command line names them.
+
+Each entry maps a name to ``"module:factory"``; a factory takes the loaded sim config and the
+command-line overrides and returns an object with ``reset(episode, scene)`` and ``act(obs)``.
+Modules are imported only when their agent is asked for, so the core stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Sequence
+
+AGENTS: dict[str, str] = {
+    "oracle": "trajrag.agent.oracle:make_agent",
+}
+
+
+def make_agent(name: str, sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
+    """A fresh agent called ``name``; ``KeyError`` listing the known names otherwise."""
+    try:
+        module_name, factory = AGENTS[name].split(":")
+    except KeyError:
+        raise KeyError(f"unknown agent {name!r}; known: {sorted(AGENTS)}") from None
+    return getattr(importlib.import_module(module_name), factory)(sim_cfg, overrides, seed)

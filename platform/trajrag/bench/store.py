@@ -1,0 +1,262 @@
+"""``trajrag bench store``: insert latency of the TrajRAG memory at 1k, 10k and 100k chunks.
+
+The workload is synthetic topo-polar trajectories that look like the real ones (5-30 junction
+nodes ~1.5-2.5 m apart on a house-sized graph, 12-sector vectors with walls, open space, objects
+and unexplored sectors), each drawn in a random episode frame (random SE(2), a random start
+heading) with position jitter and label noise, so that every insert exercises the full path:
+prefilter, matching, redundancy, merge or new group, commit. Scenes arrive with the corpus (one
+scene per ``chunks_per_scene`` trajectories), as when a collector fleet covers more homes.
+
+The store is grown with ``insert_many`` (batched commits) to each size, then ``timing_inserts``
+single ``insert`` calls are timed there, each one a full LanceDB commit. ``bytes_per_chunk`` is
+the chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
+
+The generator functions here (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also
+used by the memory tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+
+# The Gibson object channels (configs/gibson.yaml), as a plausible category vocabulary.
+CATEGORIES = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor", "dining-table", "oven",
+              "sink", "refrigerator", "book", "clock", "vase", "cup", "bottle")
+GOALS = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")
+# Angular resolution of the synthetic world around a node: rays at any heading hit a 10-degree bin.
+BINS = 36
+
+
+@dataclass
+class SyntheticTrajectory:
+    """Duck-typed ``topo.trajectory.TopoPolarTrajectory`` (the fields the memory reads)."""
+
+    node_xy: np.ndarray
+    sectors: np.ndarray
+    edges: np.ndarray
+    categories: tuple[str, ...]
+    goal: str
+    reference_yaw: float
+    success: bool = True
+    episode_id: str = ""
+    scene_id: str = ""
+    policy: str = "synthetic"
+    trajectory_id: str = ""
+
+
+@dataclass
+class SyntheticScene:
+    """A house-like junction graph: node positions (m), adjacency, labels in BINS absolute bins."""
+
+    name: str
+    node_xy: np.ndarray
+    neighbours: list[list[int]]
+    labels: np.ndarray  # (N, BINS) int16, bin b covers angles [b, b + 1) * 360 / BINS deg
+    categories: tuple[str, ...] = field(default=CATEGORIES)
+
+
+def synthetic_scene(rng: np.random.Generator, name: str, *, rows: tuple[int, int] = (4, 7),
+                    spacing: tuple[float, float] = (1.5, 2.5)) -> SyntheticScene:
+    """A jittered grid of junctions with a random spanning tree plus some loops.
+
+    Around each node: 1-3 wall arcs (OBSTACLE), 0-3 object arcs of random categories, free
+    elsewhere; about a third of the nodes see no object (corridor-like, less distinctive).
+    """
+    nr, nc = rng.integers(rows[0], rows[1] + 1, size=2)
+    step = rng.uniform(*spacing)
+    grid = np.stack(np.meshgrid(np.arange(nc), np.arange(nr)), -1).reshape(-1, 2).astype(float)
+    xy = grid * step + rng.normal(0.0, 0.2, size=grid.shape)
+    n = len(xy)
+    cand = [(i, j) for i in range(n) for j in range(i + 1, n)
+            if np.abs(grid[i] - grid[j]).sum() == 1]
+    order = rng.permutation(len(cand))
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    neighbours: list[list[int]] = [[] for _ in range(n)]
+    for k in order:
+        i, j = cand[k]
+        ri, rj = find(i), find(j)
+        if ri != rj or rng.random() < 0.15:
+            parent[ri] = rj
+            neighbours[i].append(j)
+            neighbours[j].append(i)
+    labels = np.full((n, BINS), FREE, dtype=np.int16)
+    for k in range(n):
+        for _ in range(rng.integers(1, 4)):
+            start, width = rng.integers(0, BINS), rng.integers(4, 13)
+            labels[k, (start + np.arange(width)) % BINS] = OBSTACLE
+        n_obj = 0 if rng.random() < 0.33 else rng.integers(1, 4)
+        for _ in range(n_obj):
+            start, width = rng.integers(0, BINS), rng.integers(2, 6)
+            labels[k, (start + np.arange(width)) % BINS] = rng.integers(0, len(CATEGORIES))
+    return SyntheticScene(name, xy, neighbours, labels)
+
+
+def sample_sectors(scene: SyntheticScene, nodes: np.ndarray, heading: float) -> np.ndarray:
+    """Sector vectors (K, 12) of scene nodes for a reference heading in the scene frame (rad)."""
+    angles = heading + math.pi / 2 + np.arange(12) * (2 * math.pi / 12)
+    bins = np.floor((angles % (2 * math.pi)) / (2 * math.pi) * BINS).astype(int) % BINS
+    return scene.labels[np.asarray(nodes)][:, bins]
+
+
+def random_walk(scene: SyntheticScene, rng: np.random.Generator, length: int) -> np.ndarray:
+    """A self-avoiding walk of up to ``length`` nodes (loop-free, as after loop pruning)."""
+    path = [int(rng.integers(len(scene.node_xy)))]
+    seen = {path[0]}
+    while len(path) < length:
+        options = [j for j in scene.neighbours[path[-1]] if j not in seen]
+        if not options:
+            break
+        nxt = int(rng.choice(options))
+        path.append(nxt)
+        seen.add(nxt)
+    return np.asarray(path)
+
+
+def synthetic_trajectory(scene: SyntheticScene, rng: np.random.Generator, trajectory_id: str, *,
+                         length: tuple[int, int] = (5, 30), label_noise: float = 0.05,
+                         jitter_m: float = 0.05, frame_motion: bool = True,
+                         unknown_rate: float = 0.05) -> SyntheticTrajectory:
+    """One trajectory: a walk, seen from a random start heading, in a random episode frame.
+
+    The episode frame differs from the scene frame by a random SE(2) (``frame_motion``), as the
+    paper's episode-specific world coordinates; the reference heading is expressed in it, so the
+    sectors depend only on the heading relative to the scene.
+    """
+    nodes = random_walk(scene, rng, int(rng.integers(length[0], length[1] + 1)))
+    heading = float(rng.uniform(-math.pi, math.pi))
+    sectors = sample_sectors(scene, nodes, heading)
+    sectors = add_label_noise(sectors, rng, label_noise, unknown_rate)
+    xy = scene.node_xy[nodes] + rng.normal(0.0, jitter_m, size=(len(nodes), 2))
+    phi, t = 0.0, np.zeros(2)
+    if frame_motion:
+        phi, t = float(rng.uniform(-math.pi, math.pi)), rng.uniform(-20, 20, size=2)
+    R = np.array([[math.cos(phi), -math.sin(phi)], [math.sin(phi), math.cos(phi)]])
+    edges = np.stack([np.arange(len(nodes) - 1), np.arange(1, len(nodes))], 1)
+    return SyntheticTrajectory(
+        node_xy=xy @ R.T + t, sectors=sectors.astype(np.int16), edges=edges,
+        categories=scene.categories, goal=str(rng.choice(GOALS)),
+        reference_yaw=float((heading + phi + math.pi) % (2 * math.pi) - math.pi),
+        episode_id=trajectory_id, scene_id=scene.name, trajectory_id=trajectory_id)
+
+
+def add_label_noise(sectors: np.ndarray, rng: np.random.Generator, flip: float,
+                    unknown: float) -> np.ndarray:
+    """Replace a share ``flip`` of labels by random ones and ``unknown`` by UNKNOWN."""
+    out = np.array(sectors, dtype=np.int16)
+    r = rng.random(out.shape)
+    choices = np.array([FREE, OBSTACLE, *range(len(CATEGORIES))], dtype=np.int16)
+    flip_mask = r < flip
+    out[flip_mask] = rng.choice(choices, size=int(flip_mask.sum()))
+    out[(r >= flip) & (r < flip + unknown)] = UNKNOWN
+    return out
+
+
+def perturb(traj: SyntheticTrajectory, rng: np.random.Generator, *, theta: float | None = None,
+            shift_sectors: bool = True, label_noise: float = 0.0,
+            trajectory_id: str | None = None) -> tuple[SyntheticTrajectory, np.ndarray, np.ndarray]:
+    """A copy moved by a random SE(2) (rotation ``theta`` if given), optionally noisy labels.
+
+    With ``shift_sectors`` the reference heading is kept and the sector vectors are rolled by
+    ``round(theta / 30 deg)`` (what a turned world looks like from the same reference);
+    otherwise the reference heading turns with the frame and the sectors stay. Returns the copy
+    and the (R, t) that maps the copy's frame back onto the original's.
+    """
+    theta = float(rng.uniform(-math.pi, math.pi)) if theta is None else theta
+    t = rng.uniform(-10, 10, size=2)
+    R = np.array([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]])
+    sectors = np.asarray(traj.sectors)
+    ref = traj.reference_yaw
+    if shift_sectors:
+        sectors = np.roll(sectors, int(round(theta / (2 * math.pi / 12))), axis=1)
+    else:
+        ref = float((ref + theta + math.pi) % (2 * math.pi) - math.pi)
+    if label_noise > 0:
+        sectors = add_label_noise(sectors, rng, label_noise, 0.0)
+    moved = replace(traj, node_xy=np.asarray(traj.node_xy) @ R.T + t, sectors=sectors,
+                    reference_yaw=ref, trajectory_id=trajectory_id or traj.trajectory_id + "+moved")
+    return moved, R.T, -R.T @ t
+
+
+class _Workload:
+    """Trajectories for a growing corpus: scene ``s`` appears after ``s * chunks_per_scene`` draws."""
+
+    def __init__(self, seed: int, chunks_per_scene: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.per_scene = chunks_per_scene
+        self.scenes: list[SyntheticScene] = []
+        self.drawn = 0
+
+    def next(self) -> SyntheticTrajectory:
+        want = self.drawn // self.per_scene + 1
+        while len(self.scenes) < want:
+            self.scenes.append(synthetic_scene(self.rng, f"synthetic/{len(self.scenes):05d}"))
+        scene = self.scenes[int(self.rng.integers(len(self.scenes)))]
+        self.drawn += 1
+        return synthetic_trajectory(scene, self.rng, f"bench/{self.drawn:07d}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Grow a store to each size, time single inserts there; returns the JSON-able results."""
+    from trajrag.config import load
+    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.stats import corpus_stats
+
+    quick = bool(getattr(args, "quick", False))
+    cfg = load("memory", getattr(args, "overrides", []) or [])
+    sizes = {"1k": 1_000, "5k": 5_000} if quick else {"1k": 1_000, "10k": 10_000, "100k": 100_000}
+    timing_inserts = 50 if quick else 200
+    chunks_per_scene = 100
+    verbose = not getattr(args, "json", False)
+    root = tempfile.mkdtemp(prefix="trajrag-bench-store-")
+    out: dict = {"chunks_per_scene": chunks_per_scene, "timing_inserts": timing_inserts}
+    try:
+        memory = TrajectoryMemory(f"{root}/memory", cfg)
+        work = _Workload(cfg.seed, chunks_per_scene)
+        for name, size in sizes.items():
+            start, grown = time.perf_counter(), 0
+            while memory.n_chunks < size - timing_inserts:
+                need = size - timing_inserts - memory.n_chunks
+                memory.insert_many([work.next() for _ in range(min(need, cfg.batch_size))])
+                grown += min(need, cfg.batch_size)
+            if grown:
+                out[f"batch_insert_ms_per_traj_{name}"] = round(
+                    (time.perf_counter() - start) * 1e3 / grown, 3)
+            times = []
+            for _ in range(timing_inserts):
+                traj = work.next()
+                t0 = time.perf_counter()
+                memory.insert(traj)
+                times.append((time.perf_counter() - t0) * 1e3)
+            out[f"insert_ms_p50_{name}"] = round(float(np.percentile(times, 50)), 3)
+            out[f"insert_ms_p95_{name}"] = round(float(np.percentile(times, 95)), 3)
+            out[f"groups_{name}"] = memory.n_groups
+            out[f"chunks_{name}"] = memory.n_chunks
+            if verbose:
+                print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, "
+                      f"p50 {out[f'insert_ms_p50_{name}']} ms", flush=True)
+        memory.store.compact()
+        stats = corpus_stats(memory.store)
+        out.update({"bytes_per_chunk": round(stats["bytes_per_chunk"], 1),
+                    "summary_bytes_per_chunk": round(stats["summary_bytes_per_chunk"], 1),
+                    "purity": stats["purity"], "completeness": stats["completeness"],
+                    "actions": stats["actions"], "chunks": stats["chunks"],
+                    "groups": stats["groups"]})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out

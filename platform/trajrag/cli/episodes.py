@@ -1,0 +1,125 @@
+"""``trajrag episodes check``: the dataset doctor.
+
+Loads scenes and episodes exactly as every job does and reports whether they can run: starts on
+the traversable area, goals reachable, geodesic lengths and a per-category breakdown. Exits 1
+when any episode is unusable (the JSON still lists what was checked) and 2 when the input cannot
+be read at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+
+from trajrag.cli import add_override_arg
+
+SCENES_HELP = "a Gibson *_info.pbz2 file (or folder of them), or procedural:SPLIT:N (N homes of train/val/test)"
+EPISODES_HELP = "a habitat-layout folder of *_episodes.json.gz files, or generated:K[:SEED] (K episodes per scene)"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("episodes", help="inspect ObjectNav episode sets")
+    episodes_sub = parser.add_subparsers(dest="episodes_command", required=True, metavar="ACTION")
+    check = episodes_sub.add_parser(
+        "check",
+        help="load scenes + episodes and report whether they can run",
+        description="The dataset doctor: loads SCENES and EPISODES, checks every start is traversable "
+        "and every goal reachable, and prints counts, mean geodesic length and a per-category table.",
+    )
+    check.add_argument("--scenes", required=True, help=SCENES_HELP)
+    check.add_argument("--episodes", required=True, help=EPISODES_HELP)
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    add_override_arg(check)
+    check.set_defaults(func=check_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    report = check_dataset(args.scenes, args.episodes, args.overrides)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        _print_table(report)
+    if report["problems"]:
+        print(f"{len(report['problems'])} episode problem(s), first: {report['problems'][0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tuple = ()) -> dict:
+    """The doctor's report as a dict (keys: episodes, starts_traversable, goals_reachable, ...).
+
+    ``starts_traversable`` and ``goals_reachable`` count episodes; ``*_frac`` give the fractions.
+    Raises the dataset errors of ``world.datasets`` on input that cannot be read.
+    """
+    from trajrag import config
+    from trajrag.cli import UserError
+    from trajrag.world.datasets import load_episodes, validate_episodes, load_scenes
+    from trajrag.world.episode_gen import scene_goal_field
+
+    scenes = load_scenes(scene_spec, overrides)
+    if not scenes:
+        raise UserError(f"no scenes in {scene_spec!r}")
+    episodes = load_episodes(episode_spec, scenes, overrides, strict=False)
+    if not episodes:
+        raise UserError(f"no episodes in {episode_spec!r}")
+    validation = validate_episodes(episodes, scenes)
+    bad = {(p.scene_key, p.episode_id) for p in validation.problems}
+    cfg = config.load("episodes", overrides)
+    by_name = {scene.name: scene for scene in scenes}
+
+    per_category: dict[str, dict] = defaultdict(lambda: {"episodes": 0, "reachable": 0, "geodesic_sum": 0.0})
+    starts_ok = reachable = 0
+    geodesics: list[float] = []
+    problems = [str(p) for p in validation.problems]
+    for episode in episodes:
+        row = per_category[episode.object_category]
+        row["episodes"] += 1
+        if (episode.scene_key, episode.episode_id) in bad:
+            continue
+        starts_ok += 1
+        scene = by_name[episode.scene_key]
+        field = scene_goal_field(scene, episode.object_category, cfg)
+        distance = field.cell_distance(scene.to_cell(episode.start_pose().xy))
+        if not math.isfinite(distance):
+            problems.append(f"episode {episode.episode_id} ({episode.scene_key}): goal "
+                            f"{episode.object_category!r} unreachable from the start")
+            continue
+        reachable += 1
+        geodesics.append(distance)
+        row["reachable"] += 1
+        row["geodesic_sum"] += distance
+
+    n = len(episodes)
+    return {
+        "scenes": len(scenes),
+        "episodes": n,
+        "starts_traversable": starts_ok,
+        "starts_traversable_frac": starts_ok / n,
+        "goals_reachable": reachable,
+        "goals_reachable_frac": reachable / n,
+        "mean_geodesic_m": sum(geodesics) / len(geodesics) if geodesics else None,
+        "per_category": {
+            name: {
+                "episodes": row["episodes"],
+                "reachable": row["reachable"],
+                "mean_geodesic_m": row["geodesic_sum"] / row["reachable"] if row["reachable"] else None,
+            }
+            for name, row in sorted(per_category.items())
+        },
+        "problems": problems,
+    }
+
+
+def _print_table(report: dict) -> None:
+    print(f"scenes {report['scenes']}  episodes {report['episodes']}  "
+          f"starts traversable {report['starts_traversable']}  goals reachable {report['goals_reachable']}  "
+          f"mean geodesic {report['mean_geodesic_m'] or float('nan'):.2f} m")
+    print(f"{'category':<14}{'episodes':>10}{'reachable':>11}{'geodesic m':>12}")
+    for name, row in report["per_category"].items():
+        geo = row["mean_geodesic_m"]
+        print(f"{name:<14}{row['episodes']:>10}{row['reachable']:>11}{(geo if geo is not None else float('nan')):>12.2f}")
+    for line in report["problems"][:20]:
+        print(f"  problem: {line}")

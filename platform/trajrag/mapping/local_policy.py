@@ -1,0 +1,343 @@
+"""The local policy: shortest path to the planner's waypoint, followed with discrete actions.
+
+Each ``act`` call (paper Sec. 3.3, "local policy"):
+
+1. **Collisions.** A MOVE_FORWARD that displaced the agent by less than
+   ``collision_move_fraction`` of a step hit something the map does not show (too low, too thin,
+   or not yet seen). A small disk is stamped ``collision_mark_ahead_m`` in front of the pose it was
+   issued from, into a collision layer kept for the episode, and the path is replanned. No
+   displacement over ``stuck_window_steps`` steps (e.g. turning back and forth) is handled the
+   same way. After ``max_recoveries`` such recoveries for one waypoint it is reported unreachable.
+2. **Planning** on obstacles + the collision layer, inflated by ``inflation_radius_m`` (the agent
+   radius), cells within ``clearance_margin_m`` more costing extra, with unknown cells free
+   (optimistic, the usual choice for exploration) or blocked. The inflated ring around the agent's own position is cleared (a noisy wall hit must not trap it),
+   and a waypoint inside the inflation moves to the nearest plannable cell within
+   ``goal_snap_radius_m``. Replans when the waypoint moves, every ``replan_every_steps`` steps,
+   when a newly mapped obstacle blocks the remaining path, or when the agent is more than
+   ``off_path_m`` from it.
+3. **Following**: aim at the path point ``lookahead_m`` ahead of the nearest path point; turn
+   toward it while the heading error exceeds half the turn angle, else MOVE_FORWARD.
+
+The policy never returns STOP: when the waypoint is reached or unreachable it returns no action
+and says so; whether to STOP (goal found) or ask the planner again is the agent loop's call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from trajrag.mapping.astar import astar
+from trajrag.mapping.semantic_map import SemanticMap, pose_values, dilate_disk
+from trajrag.world.frames import wrap_angle
+from trajrag.world.interface import Action
+
+
+@dataclass
+class PolicyConfig:
+    """Local-policy parameters; units in the names (metres, steps)."""
+
+    inflation_radius_m: float
+    clearance_margin_m: float
+    clearance_cost: float
+    unknown_traversable: bool
+    lookahead_m: float
+    waypoint_radius_m: float
+    goal_snap_radius_m: float
+    replan_every_steps: int
+    off_path_m: float
+    window_margin_m: float
+    collision_move_fraction: float
+    collision_mark_ahead_m: float
+    collision_mark_radius_m: float
+    stuck_window_steps: int
+    stuck_min_displacement_m: float
+    max_recoveries: int
+
+
+class PolicyStatus(str, Enum):
+    """What the policy is doing (the agent loop reacts to REACHED and UNREACHABLE)."""
+
+    FOLLOWING = "following"
+    RECOVERING = "recovering"
+    REACHED = "waypoint_reached"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """One decision.
+
+    action: the action to send, or None when status is REACHED or UNREACHABLE.
+    status: see ``PolicyStatus``.
+    path_xy: float (K, 2) map-frame metres of the current plan from the agent on (empty if none).
+    """
+
+    action: Action | None
+    status: PolicyStatus
+    path_xy: np.ndarray
+
+
+def validate_config(cfg: PolicyConfig) -> None:
+    """``ValueError`` naming the key if a policy parameter is out of range."""
+    for key in (
+        "inflation_radius_m",
+        "clearance_margin_m",
+        "clearance_cost",
+        "goal_snap_radius_m",
+        "window_margin_m",
+        "collision_mark_radius_m",
+    ):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"policy.{key} must be >= 0, got {getattr(cfg, key)}")
+    for key in ("lookahead_m", "waypoint_radius_m", "off_path_m", "collision_mark_ahead_m"):
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"policy.{key} must be > 0, got {getattr(cfg, key)}")
+    for key in ("replan_every_steps", "stuck_window_steps", "max_recoveries"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"policy.{key} must be >= 1, got {getattr(cfg, key)}")
+    if not 0.0 < cfg.collision_move_fraction <= 1.0:
+        raise ValueError(f"policy.collision_move_fraction must be in (0, 1], got {cfg.collision_move_fraction}")
+
+
+class LocalPolicy:
+    """Drives the agent to a map-frame waypoint with STOP-free discrete actions.
+
+    forward_step_m / turn_angle_rad: the simulator's MOVE_FORWARD length (m) and TURN angle (rad)
+    (habitat-lab objectnav: 0.25 m, 30 deg), taken from the simulator config by the caller.
+    """
+
+    def __init__(self, cfg: PolicyConfig, forward_step_m: float, turn_angle_rad: float) -> None:
+        validate_config(cfg)
+        if forward_step_m <= 0 or not 0 < turn_angle_rad < math.pi:
+            raise ValueError(
+                f"LocalPolicy: forward step {forward_step_m} m must be > 0 and turn angle "
+                f"{turn_angle_rad} rad in (0, pi)"
+            )
+        self.cfg = cfg
+        self.forward_step_m = forward_step_m
+        self.turn_angle_rad = turn_angle_rad
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the plan, the collision layer and the motion history (new episode)."""
+        self.collision: np.ndarray | None = None
+        self._path: np.ndarray | None = None  # (K, 2) cells
+        self._waypoint: np.ndarray | None = None
+        self._progress = 0
+        self._since_plan = 0
+        self._recoveries = 0
+        self._last_xy: np.ndarray | None = None
+        self._last_yaw = 0.0
+        self._last_action: Action | None = None
+        self._history: deque[np.ndarray] = deque(maxlen=self.cfg.stuck_window_steps + 1)
+
+    # -- main entry -----------------------------------------------------------------------------
+    def act(self, sem_map: SemanticMap, pose, waypoint_xy: np.ndarray) -> PolicyResult:
+        """Next action toward ``waypoint_xy`` (map-frame metres) from ``pose`` on ``sem_map``."""
+        x, y, yaw = pose_values(pose)
+        xy = np.array([x, y])
+        waypoint = np.asarray(waypoint_xy, dtype=np.float64).reshape(-1)
+        if waypoint.shape != (2,) or not np.all(np.isfinite(waypoint)):
+            raise ValueError(f"waypoint must be two finite metres (x, y), got {waypoint_xy!r}")
+        self._ensure_layers(sem_map)
+        new_waypoint = self._waypoint is None or np.linalg.norm(waypoint - self._waypoint) > sem_map.cell_size
+        if new_waypoint:
+            self._waypoint = waypoint
+            self._recoveries = 0
+            self._path = None
+        recovering = self._detect_collision(sem_map, xy)
+        self._history.append(xy)
+        if recovering:
+            self._recoveries += 1
+            self._path = None
+            if self._recoveries > self.cfg.max_recoveries:
+                return self._finish(PolicyStatus.UNREACHABLE, sem_map)
+        blocked, raw, window = self._grids(sem_map, xy, waypoint)
+        if self._path is not None and np.linalg.norm(xy - sem_map.to_xy(self._path[-1])) <= self.cfg.waypoint_radius_m:
+            return self._finish(PolicyStatus.REACHED, sem_map)
+        if np.linalg.norm(xy - waypoint) <= self.cfg.waypoint_radius_m:
+            return self._finish(PolicyStatus.REACHED, sem_map)
+        if self._needs_replan(sem_map, xy, blocked):
+            if not self._plan(sem_map, xy, waypoint, blocked, raw, window):
+                return self._finish(PolicyStatus.UNREACHABLE, sem_map)
+            if np.linalg.norm(xy - sem_map.to_xy(self._path[-1])) <= self.cfg.waypoint_radius_m:
+                return self._finish(PolicyStatus.REACHED, sem_map)
+        action = self._follow(sem_map, xy, yaw)
+        self._since_plan += 1
+        self._last_xy, self._last_yaw, self._last_action = xy, yaw, action
+        status = PolicyStatus.RECOVERING if recovering else PolicyStatus.FOLLOWING
+        return self._result(action, status, sem_map)
+
+    # -- collisions -----------------------------------------------------------------------------
+    def _ensure_layers(self, sem_map: SemanticMap) -> None:
+        if self.collision is None or self.collision.shape != sem_map.shape:
+            self.collision = np.zeros(sem_map.shape, dtype=bool)
+
+    def _detect_collision(self, sem_map: SemanticMap, xy: np.ndarray) -> bool:
+        """Stamp the collision layer after a blocked forward move or a stuck spell; True if so."""
+        cfg = self.cfg
+        if self._last_xy is None:
+            return False
+        if self._last_action == Action.MOVE_FORWARD:
+            moved = float(np.linalg.norm(xy - self._last_xy))
+            if moved < cfg.collision_move_fraction * self.forward_step_m:
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                self._history.clear()
+                return True
+        if len(self._history) == self._history.maxlen:
+            spread = max(float(np.linalg.norm(p - xy)) for p in self._history)
+            if spread < cfg.stuck_min_displacement_m:
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                self._history.clear()
+                return True
+        return False
+
+    def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> None:
+        """Mark a disk ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
+        centre = xy + self.cfg.collision_mark_ahead_m * np.array([math.cos(yaw), math.sin(yaw)])
+        r, c = sem_map.to_cell(centre)
+        rad = max(int(round(self.cfg.collision_mark_radius_m / sem_map.cell_size)), 0)
+        h, w = sem_map.shape
+        rr, cc = np.mgrid[-rad : rad + 1, -rad : rad + 1]
+        inside = rr**2 + cc**2 <= rad**2
+        rows, cols = rr[inside] + r, cc[inside] + c
+        ok = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+        self.collision[rows[ok], cols[ok]] = True
+
+    # -- planning -------------------------------------------------------------------------------
+    def _grids(
+        self, sem_map: SemanticMap, xy: np.ndarray, waypoint: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+        """The inflated blocked grid (full-map shape, False outside the search window), the raw
+        obstacles inside the window, and the window ``(r0, r1, c0, c1)``."""
+        cfg = self.cfg
+        margin = int(math.ceil(cfg.window_margin_m / sem_map.cell_size))
+        points = [sem_map.to_cell(xy), sem_map.to_cell(waypoint)]
+        bbox = sem_map.explored_bbox()
+        if bbox is not None:
+            points += [np.array([bbox[0], bbox[2]]), np.array([bbox[1] - 1, bbox[3] - 1])]
+        pts = np.array(points)
+        h, w = sem_map.shape
+        r0, c0 = np.maximum(pts.min(axis=0) - margin, 0)
+        r1, c1 = np.minimum(pts.max(axis=0) + margin + 1, (h, w))
+        window = (int(r0), int(r1), int(c0), int(c1))
+        raw = sem_map.obstacle[r0:r1, c0:c1] | self.collision[r0:r1, c0:c1]
+        if not cfg.unknown_traversable:
+            raw = raw | ~sem_map.explored[r0:r1, c0:c1]
+        inflated = dilate_disk(raw, cfg.inflation_radius_m / sem_map.cell_size)
+        self._clear_around(inflated, raw, sem_map, xy, (r0, c0))
+        blocked = np.zeros(sem_map.shape, dtype=bool)
+        blocked[r0:r1, c0:c1] = inflated
+        return blocked, raw, window
+
+    def _clear_around(
+        self, inflated: np.ndarray, raw: np.ndarray, sem_map: SemanticMap, xy: np.ndarray, offset: tuple[int, int]
+    ) -> None:
+        """Un-block inflation (not raw obstacles) within the inflation radius of the agent."""
+        rad = int(math.ceil(self.cfg.inflation_radius_m / sem_map.cell_size))
+        r, c = sem_map.to_cell(xy) - np.array(offset)
+        h, w = inflated.shape
+        r0, r1, c0, c1 = max(r - rad, 0), min(r + rad + 1, h), max(c - rad, 0), min(c + rad + 1, w)
+        if r0 >= r1 or c0 >= c1:
+            return
+        rr, cc = np.mgrid[r0:r1, c0:c1]
+        near = (rr - r) ** 2 + (cc - c) ** 2 <= rad**2
+        inflated[r0:r1, c0:c1] &= ~near | raw[r0:r1, c0:c1]
+
+    def _needs_replan(self, sem_map: SemanticMap, xy: np.ndarray, blocked: np.ndarray) -> bool:
+        if self._path is None or self._since_plan >= self.cfg.replan_every_steps:
+            return True
+        ahead = self._path[self._progress + 1 :]
+        if ahead.size and blocked[ahead[:, 0], ahead[:, 1]].any():
+            return True
+        nearest = np.min(np.linalg.norm(sem_map.to_xy(self._path[self._progress :]) - xy, axis=1))
+        return bool(nearest > self.cfg.off_path_m)
+
+    def _plan(
+        self,
+        sem_map: SemanticMap,
+        xy: np.ndarray,
+        waypoint: np.ndarray,
+        blocked: np.ndarray,
+        raw: np.ndarray,
+        window: tuple[int, int, int, int],
+    ) -> bool:
+        """A* from the agent to the (snapped) waypoint; False if there is no path.
+
+        Cells within ``clearance_margin_m`` beyond the inflation cost ``1 + clearance_cost``, so
+        the path keeps off walls where there is room (discrete 30 deg headings wander off it).
+        """
+        start = tuple(int(v) for v in sem_map.to_cell(xy))
+        goal = self._snap_goal(sem_map, waypoint, blocked)
+        self._since_plan = 0
+        self._progress = 0
+        if goal is None or not sem_map.in_bounds(np.array(start)):
+            self._path = None
+            return False
+        r0, r1, c0, c1 = window
+        reach = (self.cfg.inflation_radius_m + self.cfg.clearance_margin_m) / sem_map.cell_size
+        near = dilate_disk(raw, reach)
+        costs = np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
+        path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
+        self._path = None if path is None else np.array(path, dtype=np.int64) + np.array([r0, c0])
+        return self._path is not None
+
+    def _snap_goal(self, sem_map: SemanticMap, waypoint: np.ndarray, blocked: np.ndarray) -> tuple[int, int] | None:
+        """The waypoint's cell, or the nearest unblocked cell within ``goal_snap_radius_m``."""
+        r, c = (int(v) for v in sem_map.to_cell(waypoint))
+        h, w = sem_map.shape
+        rad = int(math.ceil(self.cfg.goal_snap_radius_m / sem_map.cell_size))
+        r0, r1, c0, c1 = max(r - rad, 0), min(r + rad + 1, h), max(c - rad, 0), min(c + rad + 1, w)
+        if r0 >= r1 or c0 >= c1:
+            return None
+        rr, cc = np.nonzero(~blocked[r0:r1, c0:c1])
+        if rr.size == 0:
+            return None
+        d2 = (rr + r0 - r) ** 2 + (cc + c0 - c) ** 2
+        i = int(np.argmin(d2))
+        if d2[i] > rad**2:
+            return None
+        return int(rr[i] + r0), int(cc[i] + c0)
+
+    # -- following ------------------------------------------------------------------------------
+    def _follow(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action:
+        """Turn toward the lookahead point, or step forward when roughly facing it."""
+        path_xy = sem_map.to_xy(self._path)
+        rest = path_xy[self._progress :]
+        self._progress += int(np.argmin(np.linalg.norm(rest - xy, axis=1)))
+        target = self._lookahead(path_xy, xy)
+        error = wrap_angle(math.atan2(target[1] - xy[1], target[0] - xy[0]) - yaw)
+        if abs(error) > self.turn_angle_rad / 2.0:
+            return Action.TURN_LEFT if error > 0 else Action.TURN_RIGHT
+        return Action.MOVE_FORWARD
+
+    def _lookahead(self, path_xy: np.ndarray, xy: np.ndarray) -> np.ndarray:
+        """The first path point at least ``lookahead_m`` along the path from the nearest one."""
+        ahead = path_xy[self._progress :]
+        if len(ahead) == 1:
+            return ahead[0]
+        along = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(ahead, axis=0), axis=1))])
+        i = int(np.searchsorted(along, self.cfg.lookahead_m))
+        target = ahead[min(i, len(ahead) - 1)]
+        if np.linalg.norm(target - xy) < 1e-6:  # standing on the last point: aim past it is impossible
+            return ahead[-1]
+        return target
+
+    # -- results --------------------------------------------------------------------------------
+    def _finish(self, status: PolicyStatus, sem_map: SemanticMap) -> PolicyResult:
+        result = self._result(None, status, sem_map)
+        self._path = None
+        self._last_action = None
+        return result
+
+    def _result(self, action: Action | None, status: PolicyStatus, sem_map: SemanticMap) -> PolicyResult:
+        if self._path is None:
+            path_xy = np.zeros((0, 2))
+        else:
+            path_xy = sem_map.to_xy(self._path[self._progress :])
+        return PolicyResult(action=action, status=status, path_xy=path_xy)

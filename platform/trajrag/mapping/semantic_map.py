@@ -1,0 +1,421 @@
+"""The semantic map M_t: obstacle and explored channels plus one channel per object category.
+
+The paper's ``M_t in R^{(2 + N_o) x H x W}`` (Sec. 3.3): two geometric channels and ``N_o``
+object channels on a 5 cm grid, built incrementally from depth, object masks and poses.
+
+How a frame is mapped (``SemanticMapper.update``):
+
+* **Back-projection.** Every ``pixel_stride``-th pixel (row and column) of the depth image is
+  lifted to a 3D point with the pinhole model of ``CameraIntrinsics`` (z-depth; image columns to
+  the agent's right, rows up; the camera ``camera_height`` above the floor, looking along the
+  heading) and dropped into the grid.
+* **Obstacles** are points whose height above the floor lies in
+  ``[obstacle_min_height_m, obstacle_max_height_m]`` (SemExp's band: above small bumps, below the
+  top of the agent). Lower points are floor; higher points cannot block the agent.
+* **Explored area** (the rule, stated once): a cell is explored if the camera saw it. Each image
+  column is a vertical plane through the camera; along the ground ray of that plane, the camera
+  has seen free space up to the nearest obstacle point in the column, or, where the column holds
+  none, up to the farthest floor point / the range reached by a no-return pixel below the
+  horizon (a ray that left the camera downward and travelled ``max_depth`` without a hit swept
+  the obstacle band). Everything is capped at ``max_range_m``. All cells inside that per-column
+  range, plus ``explored_margin_m`` so the first obstacle cell itself counts as seen, are marked
+  explored; so are the cells of every back-projected point and a disk of
+  ``self_explored_radius_m`` under the agent (it stands there). Nothing behind the first
+  obstacle of a column is marked, except floor points actually seen over a low obstacle.
+  No-return pixels (depth >= ``no_return_fraction * max_depth``) never create obstacles.
+* **Objects**: each non-empty mask is eroded by ``object_erosion_px`` (mask edges bleed onto the
+  background, whose depth would smear the object onto the wall behind; VLFM erodes its masks the
+  same way) and its strided pixels' points set the category's channel.
+
+The map is a fixed ``map_size_m`` square centred on the episode's start pose; cells follow the
+house grid convention (docs/architecture.md): ``col`` from ``x``, ``row`` from ``y``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage as ndi
+from skimage.morphology import disk as disk_footprint
+
+from trajrag.world.frames import Pose2D
+from trajrag.world.interface import CameraIntrinsics
+
+
+@dataclass
+class FrontierConfig:
+    """Frontier extraction (``trajrag.mapping.frontiers``).
+
+    min_size_m: frontiers with fewer than ``min_size_m / cell`` cells are dropped as noise.
+    obstacle_clearance_m: frontier cells this close to an obstacle are dropped (0 keeps them).
+    reachable_clearance_m: obstacles are inflated by this much before testing which frontiers
+        the agent can reach through free space (0 = plain free space).
+    """
+
+    min_size_m: float
+    obstacle_clearance_m: float
+    reachable_clearance_m: float
+
+
+@dataclass
+class MappingConfig:
+    """Semantic-map construction; units in the names (metres, pixels)."""
+
+    cell_size_m: float
+    map_size_m: float
+    pixel_stride: int
+    obstacle_min_height_m: float
+    obstacle_max_height_m: float
+    max_range_m: float
+    no_return_fraction: float
+    explored_margin_m: float
+    self_explored_radius_m: float
+    object_erosion_px: int
+    object_min_pixels: int
+    frontier: FrontierConfig
+
+
+def validate_config(cfg: MappingConfig) -> None:
+    """``ValueError`` naming the key if a mapping parameter is out of range."""
+    positive = ("cell_size_m", "map_size_m", "max_range_m")
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"mapping.{key} must be > 0, got {getattr(cfg, key)}")
+    if cfg.pixel_stride < 1:
+        raise ValueError(f"mapping.pixel_stride must be >= 1, got {cfg.pixel_stride}")
+    if not cfg.obstacle_min_height_m < cfg.obstacle_max_height_m:
+        raise ValueError(
+            f"mapping.obstacle_min_height_m ({cfg.obstacle_min_height_m}) must be below "
+            f"obstacle_max_height_m ({cfg.obstacle_max_height_m})"
+        )
+    if not 0.0 < cfg.no_return_fraction <= 1.0:
+        raise ValueError(f"mapping.no_return_fraction must be in (0, 1], got {cfg.no_return_fraction}")
+    for key in ("explored_margin_m", "self_explored_radius_m", "object_erosion_px", "object_min_pixels"):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"mapping.{key} must be >= 0, got {getattr(cfg, key)}")
+
+
+# -- grid helpers (same convention as world.scene.Scene.to_cell / to_xy) ---------------------------
+def xy_to_cell(xy: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
+    """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
+    xy = np.asarray(xy, dtype=np.float64)
+    col = np.floor((xy[..., 0] - origin[0]) / cell_size)
+    row = np.floor((xy[..., 1] - origin[1]) / cell_size)
+    return np.stack([row, col], axis=-1).astype(np.int64)
+
+
+def cell_to_xy(cell: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
+    """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
+    cell = np.asarray(cell, dtype=np.float64)
+    x = origin[0] + (cell[..., 1] + 0.5) * cell_size
+    y = origin[1] + (cell[..., 0] + 0.5) * cell_size
+    return np.stack([x, y], axis=-1)
+
+
+def dilate_disk(mask: np.ndarray, radius_cells: float) -> np.ndarray:
+    """Binary dilation by a disk of ``radius_cells`` (skimage's ``disk`` footprint).
+
+    Done as an OR of row-shifted, horizontally widened copies: ~5x faster than
+    ``scipy.ndimage.binary_dilation`` for the radii used here (4 cells on 400x400: 0.6 vs 2.8 ms).
+    """
+    radius = int(math.floor(radius_cells))
+    if radius <= 0:
+        return mask.copy()
+    footprint = disk_footprint(radius).astype(bool)
+    h, w = mask.shape
+    out = np.zeros_like(mask, dtype=bool)
+    widened = _widen_rows(mask, footprint)
+    for dr, row_mask in widened.items():
+        if dr >= 0:
+            out[dr:] |= row_mask[: h - dr] if dr else row_mask
+        else:
+            out[: h + dr] |= row_mask[-dr:]
+    return out
+
+
+def _widen_rows(mask: np.ndarray, footprint: np.ndarray) -> dict[int, np.ndarray]:
+    """Row offset -> the mask dilated horizontally by that footprint row's half-width."""
+    radius = footprint.shape[0] // 2
+    cache: dict[int, np.ndarray] = {}
+    result: dict[int, np.ndarray] = {}
+    for i in range(footprint.shape[0]):
+        half = int(np.count_nonzero(footprint[i]) // 2)
+        if half not in cache:
+            acc = mask.astype(bool, copy=True)
+            for dc in range(1, half + 1):
+                acc[:, dc:] |= mask[:, :-dc]
+                acc[:, :-dc] |= mask[:, dc:]
+            cache[half] = acc
+        result[i - radius] = cache[half]
+    return result
+
+
+@dataclass
+class SemanticMap:
+    """``M_t``: obstacle / explored (bool H x W) and object channels (bool N_o x H x W).
+
+    ``origin`` is the map-frame ``(x, y)`` in metres of the corner of cell ``(0, 0)``;
+    ``categories[k]`` names object channel ``k``.
+    """
+
+    obstacle: np.ndarray
+    explored: np.ndarray
+    objects: np.ndarray
+    categories: tuple[str, ...]
+    cell_size: float
+    origin: tuple[float, float]
+
+    def __post_init__(self) -> None:
+        shape = self.obstacle.shape
+        if self.explored.shape != shape or self.objects.shape != (len(self.categories), *shape):
+            raise ValueError(
+                f"SemanticMap: obstacle {shape}, explored {self.explored.shape} and objects "
+                f"{self.objects.shape} disagree (expected objects {(len(self.categories), *shape)})"
+            )
+
+    @classmethod
+    def empty(
+        cls, shape: tuple[int, int], categories: tuple[str, ...], cell_size: float, origin: tuple[float, float]
+    ) -> "SemanticMap":
+        """An all-unknown map."""
+        return cls(
+            obstacle=np.zeros(shape, dtype=bool),
+            explored=np.zeros(shape, dtype=bool),
+            objects=np.zeros((len(categories), *shape), dtype=bool),
+            categories=tuple(categories),
+            cell_size=float(cell_size),
+            origin=(float(origin[0]), float(origin[1])),
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.obstacle.shape
+
+    def free(self) -> np.ndarray:
+        """Bool (H, W): explored cells without an obstacle (``m_t^free`` in the paper)."""
+        return self.explored & ~self.obstacle
+
+    def to_cell(self, xy: np.ndarray) -> np.ndarray:
+        """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
+        return xy_to_cell(xy, self.origin, self.cell_size)
+
+    def to_xy(self, cell: np.ndarray) -> np.ndarray:
+        """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
+        return cell_to_xy(cell, self.origin, self.cell_size)
+
+    def in_bounds(self, cell: np.ndarray) -> np.ndarray:
+        cell = np.asarray(cell)
+        h, w = self.shape
+        return (cell[..., 0] >= 0) & (cell[..., 0] < h) & (cell[..., 1] >= 0) & (cell[..., 1] < w)
+
+    def object_channel(self, name: str) -> np.ndarray:
+        """Bool (H, W) channel of category ``name``; ``KeyError`` listing the map's categories."""
+        try:
+            return self.objects[self.categories.index(name)]
+        except ValueError:
+            raise KeyError(f"semantic map has no category {name!r}; it has {list(self.categories)}") from None
+
+    def channels(self) -> np.ndarray:
+        """Bool ``(2 + N_o, H, W)``: obstacle, explored, then the object channels (the paper's M_t)."""
+        return np.concatenate([self.obstacle[None], self.explored[None], self.objects], axis=0)
+
+    def explored_bbox(self, margin: int = 0) -> tuple[int, int, int, int] | None:
+        """``(r0, r1, c0, c1)`` (end-exclusive) around the explored cells, grown by ``margin`` cells."""
+        rows = np.flatnonzero(self.explored.any(axis=1))
+        if rows.size == 0:
+            return None
+        cols = np.flatnonzero(self.explored.any(axis=0))
+        h, w = self.shape
+        return (
+            max(int(rows[0]) - margin, 0),
+            min(int(rows[-1]) + 1 + margin, h),
+            max(int(cols[0]) - margin, 0),
+            min(int(cols[-1]) + 1 + margin, w),
+        )
+
+    def copy(self) -> "SemanticMap":
+        return SemanticMap(
+            self.obstacle.copy(), self.explored.copy(), self.objects.copy(), self.categories, self.cell_size, self.origin
+        )
+
+
+def pose_values(pose: Pose2D) -> tuple[float, float, float]:
+    """``(x, y, yaw)``; ``ValueError`` if any is not a finite number (the caller skips the frame)."""
+    try:
+        values = (float(pose.x), float(pose.y), float(pose.yaw))
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"pose must have numeric x, y, yaw; got {pose!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"pose has a non-finite value (x, y, yaw) = {values}: frame not mapped")
+    return values
+
+
+class SemanticMapper:
+    """Builds a ``SemanticMap`` from depth + object masks + pose, one frame at a time."""
+
+    def __init__(self, cfg: MappingConfig, intrinsics: CameraIntrinsics, categories: tuple[str, ...]) -> None:
+        validate_config(cfg)
+        self.cfg = cfg
+        self.intrinsics = intrinsics
+        self.categories = tuple(categories)
+        stride = cfg.pixel_stride
+        focal = intrinsics.focal
+        self._rows = np.arange(stride // 2, intrinsics.height, stride)
+        self._cols = np.arange(stride // 2, intrinsics.width, stride)
+        # Camera-frame ray slopes of the sampled pixels: x to the right, y up, per metre of z-depth.
+        self._x_c = ((self._cols + 0.5 - intrinsics.width / 2.0) / focal).astype(np.float32)
+        self._y_r = ((intrinsics.height / 2.0 - self._rows - 0.5) / focal).astype(np.float32)
+        # Horizontal distance per metre of z-depth, per sampled column.
+        self._hfac = np.sqrt(1.0 + self._x_c.astype(np.float64) ** 2).astype(np.float32)
+        self._below_horizon = self._y_r < 0
+        self._range = min(cfg.max_range_m, intrinsics.max_depth)
+        self._n_cells = int(round(cfg.map_size_m / cfg.cell_size_m))
+        self._map: SemanticMap | None = None
+
+    @property
+    def map(self) -> SemanticMap:
+        if self._map is None:
+            raise RuntimeError("SemanticMapper: call reset(start_pose) before using the map")
+        return self._map
+
+    def reset(self, start_pose: Pose2D) -> SemanticMap:
+        """A fresh all-unknown map of ``map_size_m`` centred on ``start_pose`` (m)."""
+        x, y, _ = pose_values(start_pose)
+        half = self._n_cells * self.cfg.cell_size_m / 2.0
+        shape = (self._n_cells, self._n_cells)
+        self._map = SemanticMap.empty(shape, self.categories, self.cfg.cell_size_m, (x - half, y - half))
+        return self._map
+
+    # -- one frame ------------------------------------------------------------------------------
+    def update(self, depth: np.ndarray, masks: np.ndarray | None, pose: Pose2D) -> bool:
+        """Fuse one frame into the map; returns False (map untouched) if the frame has no depth return.
+
+        depth: float (H, W) z-depth in metres, as ``Observations.depth``.
+        masks: bool (N_o, H, W) in ``categories`` order, or None for no detections.
+        pose: the agent pose in the map frame. ``ValueError`` if it is non-finite or off the map.
+        """
+        sem = self.map
+        x, y, yaw = pose_values(pose)
+        agent_cell = sem.to_cell(np.array([x, y]))
+        if not sem.in_bounds(agent_cell):
+            lo = np.array(sem.origin)
+            hi = lo + np.array(sem.shape[::-1]) * sem.cell_size
+            raise ValueError(
+                f"pose ({x:.2f}, {y:.2f}) is off the semantic map, which covers x in [{lo[0]:.2f}, {hi[0]:.2f}], "
+                f"y in [{lo[1]:.2f}, {hi[1]:.2f}] m (mapping.map_size_m={self.cfg.map_size_m})"
+            )
+        depth = np.asarray(depth)
+        if depth.size == 0:
+            return False
+        expected = (self.intrinsics.height, self.intrinsics.width)
+        if depth.shape != expected:
+            raise ValueError(f"depth image has shape {depth.shape}, the camera gives {expected}")
+        stride = self.cfg.pixel_stride
+        z = depth[stride // 2 :: stride, stride // 2 :: stride].astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            finite = np.isfinite(z) & (z > 0)
+            no_return = finite & (z >= self.cfg.no_return_fraction * self.intrinsics.max_depth)
+        hit = finite & ~no_return
+        if not hit.any():
+            return False
+        z = np.where(finite, z, 0.0).astype(np.float32)
+        points = self._project(z, hit, x, y, yaw)
+        self._mark_points(points)
+        ranges = self._column_ranges(points, no_return)
+        self._mark_visible(x, y, yaw, ranges)
+        if masks is not None:
+            self._mark_objects(masks, points)
+        return True
+
+    def _project(self, z: np.ndarray, hit: np.ndarray, x: float, y: float, yaw: float) -> dict[str, np.ndarray]:
+        """Strided pixels -> map cells and heights; returns the per-pixel arrays the steps need."""
+        sem = self.map
+        hd = z * self._hfac[None, :]
+        up = self.intrinsics.camera_height + z * self._y_r[:, None]
+        right = z * self._x_c[None, :]
+        c, s = math.cos(yaw), math.sin(yaw)
+        # Right of the heading is heading - 90 deg in the counter-clockwise map frame.
+        px = x + z * c + right * s
+        py = y + z * s - right * c
+        col = np.floor((px - sem.origin[0]) / sem.cell_size).astype(np.int64)
+        row = np.floor((py - sem.origin[1]) / sem.cell_size).astype(np.int64)
+        h, w = sem.shape
+        valid = hit & (hd <= self._range) & (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        flat = np.where(valid, row * w + col, 0)
+        obstacle = valid & (up >= self.cfg.obstacle_min_height_m) & (up <= self.cfg.obstacle_max_height_m)
+        floor = valid & (up < self.cfg.obstacle_min_height_m)
+        return {"hd": hd, "flat": flat, "valid": valid, "obstacle": obstacle, "floor": floor}
+
+    def _mark_points(self, points: dict[str, np.ndarray]) -> None:
+        sem = self.map
+        flat = points["flat"]
+        sem.obstacle.reshape(-1)[flat[points["obstacle"]]] = True
+        sem.explored.reshape(-1)[flat[points["valid"]]] = True
+
+    def _column_ranges(self, points: dict[str, np.ndarray], no_return: np.ndarray) -> np.ndarray:
+        """Per sampled column: the ground distance (m) up to which the camera saw free space."""
+        hd = points["hd"]
+        nearest_obstacle = np.where(points["obstacle"], hd, np.inf).min(axis=0)
+        open_ray = no_return & self._below_horizon[:, None]
+        seen = np.where(points["floor"], hd, 0.0).max(axis=0)
+        seen = np.where(open_ray.any(axis=0), self._range, seen)
+        return np.minimum(np.minimum(nearest_obstacle, seen), self._range)
+
+    def _mark_visible(self, x: float, y: float, yaw: float, ranges: np.ndarray) -> None:
+        """Mark explored every cell whose ground ray from the camera is within its column's range."""
+        sem = self.map
+        cfg = self.cfg
+        reach = max(float(ranges.max()) + cfg.explored_margin_m, cfg.self_explored_radius_m)
+        radius = int(math.ceil(reach / sem.cell_size)) + 1
+        ar, ac = (int(v) for v in sem.to_cell(np.array([x, y])))
+        h, w = sem.shape
+        r0, r1 = max(ar - radius, 0), min(ar + radius + 1, h)
+        c0, c1 = max(ac - radius, 0), min(ac + radius + 1, w)
+        dy = (sem.origin[1] + (np.arange(r0, r1) + 0.5) * sem.cell_size - y)[:, None]
+        dx = (sem.origin[0] + (np.arange(c0, c1) + 0.5) * sem.cell_size - x)[None, :]
+        c, s = math.cos(yaw), math.sin(yaw)
+        forward = dx * c + dy * s
+        right = dx * s - dy * c
+        dist = np.hypot(dx, dy)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pixel = right / forward * self.intrinsics.focal + self.intrinsics.width / 2.0
+        in_view = (forward > 0) & (pixel >= 0) & (pixel < self.intrinsics.width)
+        strip = np.clip(np.where(in_view, pixel, 0) // cfg.pixel_stride, 0, ranges.size - 1).astype(np.int64)
+        seen = in_view & (dist <= ranges[strip] + cfg.explored_margin_m)
+        seen |= dist <= cfg.self_explored_radius_m
+        sem.explored[r0:r1, c0:c1] |= seen
+
+    def _mark_objects(self, masks: np.ndarray, points: dict[str, np.ndarray]) -> None:
+        sem = self.map
+        masks = np.asarray(masks)
+        expected = (len(self.categories), self.intrinsics.height, self.intrinsics.width)
+        if masks.shape != expected:
+            raise ValueError(f"object masks have shape {masks.shape}, expected {expected} (categories, H, W)")
+        stride = self.cfg.pixel_stride
+        for k in range(masks.shape[0]):
+            mask = masks[k]
+            if not mask.any():
+                continue
+            mask = self._clean_mask(mask)
+            if mask is None:
+                continue
+            sampled = mask[stride // 2 :: stride, stride // 2 :: stride] & points["valid"]
+            sem.objects[k].reshape(-1)[points["flat"][sampled]] = True
+
+    def _clean_mask(self, mask: np.ndarray) -> np.ndarray | None:
+        """Drop masks under ``object_min_pixels``; erode the rest inside their bounding box."""
+        if np.count_nonzero(mask) < max(self.cfg.object_min_pixels, 1):
+            return None
+        e = self.cfg.object_erosion_px
+        if e == 0:
+            return mask
+        rows = np.flatnonzero(mask.any(axis=1))
+        cols = np.flatnonzero(mask.any(axis=0))
+        r0, r1 = max(rows[0] - e, 0), rows[-1] + e + 1
+        c0, c1 = max(cols[0] - e, 0), cols[-1] + e + 1
+        out = np.zeros_like(mask)
+        # border_value=1: the image border is not an object boundary, so do not eat into it.
+        out[r0:r1, c0:c1] = ndi.binary_erosion(mask[r0:r1, c0:c1], iterations=e, border_value=1)
+        return out

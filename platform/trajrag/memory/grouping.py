@@ -1,0 +1,727 @@
+"""Incremental TrajRAG construction: prefilter, match, merge / drop as redundant / new group.
+
+``TrajectoryMemory(store, cfg).insert(traj)`` follows the paper's "During navigation, TrajRAG is
+incrementally constructed":
+
+1. **Prefilter** (ours, for scale): every summary keeps a rotation-invariant bag-of-sectors
+   descriptor (counts of cyclically adjacent label pairs over its nodes, hashed to
+   ``descriptor_dim`` bins, square-rooted, L2-normalised) as one row of an in-memory float32
+   matrix. The ``candidates`` groups with the highest cosine to the new trajectory's descriptor
+   are the only ones matched exactly, so the expensive part of an insert does not grow with the
+   number of groups (the matrix product does, at ~0.1 us per group; the descriptor column is also
+   stored, for a LanceDB ANN index should the group count reach millions).
+2. **Match** each candidate (``matching.match``: Eq. 8 + mutual KNN, Eq. 9 RANSAC SE(2) with the
+   heading check). The accepted candidate with the highest inlier ratio is the group.
+3. **Redundancy** (paper): the new nodes are mapped to summary nodes (inlier pairs first, then the
+   nearest summary node within ``merge_radius_m`` after the transform, else a new node). Against
+   members of the group with the same goal: if the new node list is an ordered subsequence of a
+   member's, the new trajectory is dropped (``redundant``); every member whose list is an ordered
+   subsequence of the new one is dropped instead (its chunk is deleted and a ``redundant``
+   decision names the trajectory that contains it).
+4. **Merge** (paper): the new nodes, transformed into the group frame, that are not within
+   ``merge_radius_m`` of a summary node are added with their edges; a matched summary node keeps
+   a running mean of its positions and fills its ``UNKNOWN`` sectors from the new observation
+   (rotated into the group's sector frame). Otherwise a **new group** starts with the trajectory
+   as its summary (group frame = the trajectory's frame).
+
+5. **Fuse** (ours, ``fuse_groups``): when the trajectory is accepted by further candidate groups,
+   each is fused into the chosen one (summary transformed by ``T_best o T_other^-1``, chunks
+   re-pointed), so a home first seen through non-overlapping trajectories ends in one group.
+
+Every decision (``new``, ``merge``, ``fuse``, ``redundant``, ``rejected``) is written to the decisions table;
+``duplicate`` (an id already stored) is a no-op that writes nothing. ``insert_many`` commits
+``batch_size`` trajectories per LanceDB commit; the in-memory state follows each decision, so
+later trajectories of a batch see the earlier ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from trajrag.memory.matching import (
+    N_SECTORS,
+    MatchParams,
+    MatchResult,
+    Transform2D,
+    implied_shift,
+    match,
+    rotate_sectors,
+)
+from trajrag.memory.store import (
+    CHUNKS,
+    DECISIONS,
+    SUMMARIES,
+    Batch,
+    MemoryStore,
+    StoreError,
+)
+from trajrag.topo.labels import FREE, OBSTACLE, SPECIAL_NAMES, UNKNOWN
+
+# Store-wide label ids are int8 in the chunks table (compact storage).
+MAX_LABEL = 127
+
+
+@dataclass
+class MemoryConfig:
+    """Memory construction settings; values and their sources in configs/memory.yaml."""
+
+    mutual_k: int
+    min_node_similarity: float
+    ransac_threshold_m: float
+    ransac_iterations: int
+    huber_delta_m: float
+    refit_iterations: int
+    heading_slack: float
+    min_inliers: int
+    min_score: float
+    merge_radius_m: float
+    candidates: int
+    fuse_groups: bool
+    descriptor_dim: int
+    embedding_dim: int
+    batch_size: int
+    compact_every: int
+    seed: int
+
+    def match_params(self) -> MatchParams:
+        return MatchParams(
+            mutual_k=self.mutual_k, min_node_similarity=self.min_node_similarity,
+            ransac_threshold_m=self.ransac_threshold_m, ransac_iterations=self.ransac_iterations,
+            huber_delta_m=self.huber_delta_m, refit_iterations=self.refit_iterations,
+            heading_slack=self.heading_slack, min_inliers=self.min_inliers,
+            min_score=self.min_score)
+
+
+class TopoPolarLike(Protocol):
+    """The fields of ``topo.trajectory.TopoPolarTrajectory`` that the memory reads."""
+
+    node_xy: np.ndarray  # float (K, 2) metres, map frame
+    sectors: np.ndarray  # int (K, 12) labels, category ids index ``categories``
+    edges: np.ndarray  # int (K - 1, 2)
+    categories: Sequence[str]
+    goal: str
+    reference_yaw: float  # radians
+
+
+@dataclass
+class Decision:
+    """What one insert did. ``transform`` maps the trajectory's frame into the group frame."""
+
+    trajectory_id: str
+    action: str  # new | merge | fuse | redundant | rejected | duplicate
+    group_id: int | None = None
+    score: float = 0.0
+    transform: Transform2D | None = None
+    other_id: str | None = None
+    reason: str = ""
+    superseded: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    """A group's topo-polar summary in the group frame (metres, radians, store label ids)."""
+
+    group_id: int
+    node_xy: np.ndarray  # (N, 2) float64
+    sectors: np.ndarray  # (N, 12) int16
+    node_count: np.ndarray  # (N,) int32
+    edges: set[tuple[int, int]]
+    reference_yaw: float
+    n_members: int
+    scene_hints: list[str]
+    goals: list[str]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_xy)
+
+
+@dataclass
+class _Member:
+    trajectory_id: str
+    seq: tuple[int, ...]
+    nodes: frozenset[int]
+
+
+@dataclass
+class _Prepared:
+    """A validated trajectory, sectors in store label ids."""
+
+    trajectory_id: str
+    node_xy: np.ndarray
+    sectors: np.ndarray
+    edges: np.ndarray
+    goal: str
+    reference_yaw: float
+    scene_hint: str
+    episode_id: str
+    policy: str
+    success: bool
+    description: str
+
+
+def _attr(obj: Any, names: Iterable[str], default: Any = None) -> Any:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None and value != "":
+            return value
+    return default
+
+
+def trajectory_key(traj: Any) -> str:
+    """The chunk key: ``traj.trajectory_id`` if set, else ``scene/episode/policy``."""
+    explicit = _attr(traj, ("trajectory_id",))
+    if explicit is not None:
+        return str(explicit)
+    parts = [_attr(traj, ("scene_key", "scene_id", "scene"), ""),
+             _attr(traj, ("episode_id",), ""), _attr(traj, ("policy",), "")]
+    if not any(parts):
+        raise ValueError("trajectory has no trajectory_id, scene or episode id to key it by")
+    return "/".join(str(p) for p in parts)
+
+
+def is_subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
+    """``short`` appears in ``long`` in the same order (not necessarily contiguous)."""
+    it = iter(long)
+    return all(x in it for x in short)
+
+
+def collapse_repeats(seq: Iterable[int]) -> tuple[int, ...]:
+    """Drop consecutive repeats (two trajectory nodes fused into one summary node)."""
+    out: list[int] = []
+    for x in seq:
+        if not out or out[-1] != x:
+            out.append(int(x))
+    return tuple(out)
+
+
+def bag_of_sectors(sectors: np.ndarray, dim: int) -> np.ndarray:
+    """Rotation-invariant raw descriptor (dim,) float32: counts of cyclically adjacent label pairs.
+
+    The multiset of pairs (s_i, s_{i+1 mod 12}) over all nodes does not change under cyclic
+    shifts, so it needs no heading alignment. Pairs with an ``UNKNOWN`` side carry no evidence.
+    """
+    a = np.asarray(sectors, dtype=np.int64)
+    b = np.roll(a, -1, axis=1)
+    valid = (a != UNKNOWN) & (b != UNKNOWN)
+    key = (a[valid] - UNKNOWN) * (MAX_LABEL - UNKNOWN + 1) + (b[valid] - UNKNOWN)
+    # Multiplicative hashing spreads the small pair keys over all bins.
+    idx = (key * 2654435761) % (2**32) % dim
+    return np.bincount(idx, minlength=dim).astype(np.float32)
+
+
+def normalise_descriptor(counts: np.ndarray) -> np.ndarray:
+    """sqrt (damps the ubiquitous free/obstacle pairs) then unit L2 norm."""
+    v = np.sqrt(np.asarray(counts, dtype=np.float32))
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v
+
+
+def compact_description(sectors: np.ndarray, names: dict[int, str], goal: str) -> str:
+    """A short text for a chunk: goal, node count and the objects seen with their node range."""
+    seen: dict[int, list[int]] = {}
+    for k, row in enumerate(np.asarray(sectors)):
+        for label in set(int(v) for v in row if v >= 0):
+            seen.setdefault(label, [k, k])[1] = k
+    parts = [f"{names.get(lab, lab)}@{a}" + (f"-{b}" if b != a else "")
+             for lab, (a, b) in sorted(seen.items(), key=lambda kv: kv[1][0])]
+    return f"goal {goal}; {len(sectors)} nodes; " + (", ".join(parts) if parts else "no objects")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class TrajectoryMemory:
+    """The hierarchical TrajRAG memory over a ``MemoryStore`` (single writer).
+
+    ``store`` is a ``MemoryStore`` or a URI (opened or created with ``cfg``'s dimensions). The
+    in-memory state (summaries, prefilter matrix, member node lists, known ids) is loaded from
+    the store at construction and after ``rollback``.
+    """
+
+    def __init__(self, store: MemoryStore | str, cfg: MemoryConfig) -> None:
+        if not isinstance(store, MemoryStore):
+            store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim,
+                                descriptor_dim=cfg.descriptor_dim)
+        if store.descriptor_dim != cfg.descriptor_dim:
+            raise StoreError(f"memory store {store.uri}: descriptor_dim {store.descriptor_dim} != "
+                             f"config memory.descriptor_dim {cfg.descriptor_dim}")
+        self.store = store
+        self.cfg = cfg
+        self.params = cfg.match_params()
+        self._commits = 0
+        self._reset_pending()
+        self.reload()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _reset_pending(self) -> None:
+        self._pending = Batch()
+        self._pending_groups: set[int] = set()
+
+    def reload(self) -> None:
+        """(Re)load the in-memory state from the store's latest versions."""
+        self._reset_pending()
+        self._vocab = self.store.vocabulary()
+        self._names = {v: k for k, v in self._vocab.items()} | dict(SPECIAL_NAMES)
+        self.summaries: dict[int, Summary] = {}
+        self._desc_counts: dict[int, np.ndarray] = {}
+        self._desc = np.zeros((64, self.cfg.descriptor_dim), dtype=np.float32)
+        self._desc_gid: list[int] = []
+        self._desc_row: dict[int, int] = {}
+        for row in self.store.read(SUMMARIES, [
+            "group_id", "node_xy", "sectors", "node_count", "edges", "reference_yaw",
+            "n_members", "scene_hints", "goals"]).to_pylist():
+            summary = Summary(
+                group_id=int(row["group_id"]),
+                node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
+                sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
+                node_count=np.asarray(row["node_count"], dtype=np.int32),
+                edges={(int(a), int(b)) for a, b in
+                       np.asarray(row["edges"], dtype=np.int64).reshape(-1, 2)},
+                reference_yaw=float(row["reference_yaw"]), n_members=0,
+                scene_hints=list(row["scene_hints"] or []), goals=list(row["goals"] or []))
+            self.summaries[summary.group_id] = summary
+            self._set_descriptor(summary)
+        redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
+        self._redundant_ids = set(redundant.column("trajectory_id").to_pylist())
+        chunks = self.store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "summary_nodes"])
+        self._members: dict[int, dict[str, list[_Member]]] = {}
+        self._chunk_ids: set[str] = set()
+        for tid, gid, goal, nodes in zip(*(chunks.column(c).to_pylist() for c in chunks.column_names)):
+            self._chunk_ids.add(tid)
+            self._add_member(int(gid), goal, tid, collapse_repeats(nodes))
+            if int(gid) in self.summaries:
+                self.summaries[int(gid)].n_members += 1
+        decisions = self.store.read(DECISIONS, ["seq", "group_id"])
+        self._next_seq = max(decisions.column("seq").to_pylist(), default=-1) + 1
+        # Fused groups leave no summary; their ids stay in the log and are never reused.
+        used = [g for g in decisions.column("group_id").to_pylist() if g is not None]
+        self._next_group = max([*self.summaries, *used], default=-1) + 1
+
+    def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
+        self._members.setdefault(gid, {}).setdefault(goal, []).append(
+            _Member(tid, seq, frozenset(seq)))
+
+    def _set_descriptor(self, summary: Summary) -> None:
+        counts = bag_of_sectors(summary.sectors, self.cfg.descriptor_dim)
+        self._desc_counts[summary.group_id] = counts
+        row = self._desc_row.get(summary.group_id)
+        if row is None:
+            row = len(self._desc_gid)
+            if row == len(self._desc):
+                self._desc = np.concatenate([self._desc, np.zeros_like(self._desc)])
+            self._desc_gid.append(summary.group_id)
+            self._desc_row[summary.group_id] = row
+        self._desc[row] = normalise_descriptor(counts)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.summaries)
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self._chunk_ids)
+
+    def known(self, trajectory_id: str) -> bool:
+        """Stored as a chunk, or dropped as redundant (both make a re-insert a no-op)."""
+        return trajectory_id in self._chunk_ids or trajectory_id in self._redundant_ids
+
+    # -- preparation ---------------------------------------------------------------------------
+
+    def _label_lut(self, categories: Sequence[str]) -> np.ndarray:
+        """Trajectory category id -> store label id; new names are added to the vocabulary."""
+        lut = np.zeros(len(categories), dtype=np.int16)
+        for k, name in enumerate(categories):
+            name = str(name)
+            if name not in self._vocab:
+                label = len(self._vocab)
+                if label > MAX_LABEL:
+                    raise ValueError(f"more than {MAX_LABEL + 1} categories in one store "
+                                     f"(adding {name!r})")
+                self._vocab[name] = label
+                self._names[label] = name
+                self._pending.vocab.append({"label": label, "name": name})
+            lut[k] = self._vocab[name]
+        return lut
+
+    def _prepare(self, traj: Any, tid: str, description: str | None,
+                 policy: str | None) -> _Prepared | str:
+        """A validated, vocabulary-mapped trajectory, or the reason it is rejected."""
+        try:
+            xy = np.asarray(traj.node_xy, dtype=np.float64)
+            sectors = np.asarray(traj.sectors)
+            edges = np.asarray(traj.edges, dtype=np.int64).reshape(-1, 2)
+            categories = tuple(traj.categories)
+            goal = str(traj.goal)
+            ref = float(traj.reference_yaw)
+        except (AttributeError, TypeError, ValueError) as exc:
+            return f"not a topo-polar trajectory: {exc}"
+        if xy.ndim != 2 or xy.shape[1] != 2 or len(xy) < 2:
+            return f"needs at least 2 nodes with (x, y), got node_xy shape {xy.shape}"
+        if not np.isfinite(xy).all():
+            return f"node_xy has non-finite values at nodes {np.where(~np.isfinite(xy).all(1))[0].tolist()}"
+        if sectors.shape != (len(xy), N_SECTORS) or not np.issubdtype(sectors.dtype, np.integer):
+            return f"sectors must be int ({len(xy)}, {N_SECTORS}), got {sectors.dtype} {sectors.shape}"
+        bad = (sectors < UNKNOWN) | (sectors >= len(categories))
+        if bad.any():
+            return (f"unknown sector labels {sorted(set(sectors[bad].tolist()))[:5]} "
+                    f"(valid: {FREE}, {OBSTACLE}, {UNKNOWN} and 0..{len(categories) - 1})")
+        if len(edges) and (edges.min() < 0 or edges.max() >= len(xy)):
+            return f"edges reference nodes outside 0..{len(xy) - 1}"
+        if not goal:
+            return "empty goal"
+        if not math.isfinite(ref):
+            return f"reference_yaw is {ref}"
+        try:
+            lut = self._label_lut(categories)
+        except ValueError as exc:
+            return str(exc)
+        mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
+        mapped = mapped.astype(np.int16)
+        if description is None:
+            description = _attr(traj, ("description",)) or compact_description(
+                mapped, self._names, goal)
+        return _Prepared(
+            trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
+            reference_yaw=ref,
+            scene_hint=str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), "")),
+            episode_id=str(_attr(traj, ("episode_id",), "")),
+            policy=str(policy if policy is not None else _attr(traj, ("policy",), "")),
+            success=bool(_attr(traj, ("success",), False)),
+            description=str(description))
+
+    # -- matching ------------------------------------------------------------------------------
+
+    def candidates(self, sectors: np.ndarray) -> list[int]:
+        """Top-``candidates`` group ids by descriptor cosine (store label ids in ``sectors``)."""
+        n = len(self._desc_gid)
+        if n == 0:
+            return []
+        q = normalise_descriptor(bag_of_sectors(sectors, self.cfg.descriptor_dim))
+        scores = self._desc[:n] @ q
+        c = min(self.cfg.candidates, n)
+        top = np.argpartition(-scores, c - 1)[:c] if c < n else np.arange(n)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [self._desc_gid[i] for i in top]
+
+    def _rng(self, tid: str) -> np.random.Generator:
+        # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
+        return np.random.default_rng([self.cfg.seed, zlib.crc32(tid.encode())])
+
+    def match_group(self, prep: _Prepared, group_id: int) -> MatchResult:
+        return match(prep, self.summaries[group_id], self.params, self._rng(prep.trajectory_id))
+
+    def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
+        """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
+        found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.sectors)]
+        found = [(gid, r) for gid, r in found if r.accepted]
+        return sorted(found, key=lambda gr: (-gr[1].score, -gr[1].n_inliers, gr[0]))
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _map_nodes(self, prep: _Prepared, summary: Summary,
+                   result: MatchResult) -> tuple[np.ndarray, np.ndarray]:
+        """Summary node id for each trajectory node (-1: a new node) and the moved positions."""
+        T = result.transform
+        moved = T.apply(prep.node_xy)
+        mapping = np.full(len(moved), -1, dtype=np.int64)
+        best_d = np.full(len(moved), np.inf)
+        for i, j in result.pairs[result.inliers]:
+            d = float(np.linalg.norm(moved[i] - summary.node_xy[j]))
+            if d < best_d[i]:
+                mapping[i], best_d[i] = j, d
+        rest = np.where(mapping < 0)[0]
+        if len(rest):
+            d = np.linalg.norm(moved[rest, None, :] - summary.node_xy[None, :, :], axis=2)
+            nearest = d.argmin(axis=1)
+            close = d[np.arange(len(rest)), nearest] <= self.cfg.merge_radius_m
+            mapping[rest[close]] = nearest[close]
+        return mapping, moved
+
+    def _record(self, decision: Decision) -> Decision:
+        T = decision.transform
+        self._pending.decisions.append({
+            "seq": self._next_seq, "trajectory_id": decision.trajectory_id,
+            "action": decision.action, "group_id": decision.group_id,
+            "score": float(decision.score), "transform": T.as_list() if T else None,
+            "other_id": decision.other_id, "reason": decision.reason, "created_at": _now()})
+        self._next_seq += 1
+        return decision
+
+    def _chunk_row(self, prep: _Prepared, gid: int, T: Transform2D,
+                   summary_nodes: np.ndarray) -> dict:
+        return {
+            "trajectory_id": prep.trajectory_id, "group_id": gid, "scene_hint": prep.scene_hint,
+            "goal": prep.goal, "n_nodes": len(prep.node_xy),
+            "node_xy": prep.node_xy.astype(np.float32).ravel(),
+            "sectors": prep.sectors.astype(np.int8).ravel(),
+            "edges": prep.edges.astype(np.int32).ravel(),
+            "summary_nodes": np.asarray(summary_nodes, dtype=np.int32),
+            "group_transform": np.asarray(T.as_list(), dtype=np.float32),
+            "reference_yaw": prep.reference_yaw, "description": prep.description,
+            "embedding": None, "encoder_version": None, "episode_id": prep.episode_id,
+            "policy": prep.policy, "success": prep.success, "created_at": _now()}
+
+    def _new_group(self, prep: _Prepared) -> Decision:
+        gid = self._next_group
+        self._next_group += 1
+        k = len(prep.node_xy)
+        edges = {(min(a, b), max(a, b)) for a, b in prep.edges.tolist() if a != b}
+        summary = Summary(gid, prep.node_xy.copy(), prep.sectors.copy(),
+                          np.ones(k, dtype=np.int32), edges, prep.reference_yaw, 1,
+                          [prep.scene_hint] if prep.scene_hint else [], [prep.goal])
+        self.summaries[gid] = summary
+        self._set_descriptor(summary)
+        self._pending_groups.add(gid)
+        nodes = np.arange(k)
+        self._pending.chunks.append(self._chunk_row(prep, gid, Transform2D.identity(), nodes))
+        self._chunk_ids.add(prep.trajectory_id)
+        self._add_member(gid, prep.goal, prep.trajectory_id, collapse_repeats(nodes))
+        return self._record(Decision(prep.trajectory_id, "new", gid, 1.0, Transform2D.identity(),
+                                     reason="no summary matched"))
+
+    def _merge(self, prep: _Prepared, gid: int, result: MatchResult) -> Decision:
+        summary = self.summaries[gid]
+        T = result.transform
+        mapping, moved = self._map_nodes(prep, summary, result)
+        seq_known = collapse_repeats(mapping) if (mapping >= 0).all() else None
+        members = self._members.get(gid, {}).get(prep.goal, [])
+        if seq_known is not None:
+            nodes = frozenset(seq_known)
+            for m in members:
+                if nodes <= m.nodes and is_subsequence(seq_known, m.seq):
+                    self._redundant_ids.add(prep.trajectory_id)
+                    return self._record(Decision(
+                        prep.trajectory_id, "redundant", gid, result.score, T, other_id=m.trajectory_id,
+                        reason=f"node list is an ordered subsequence of {m.trajectory_id}"))
+        # Fuse into the summary: new nodes first, so that every trajectory node has an id.
+        shift = implied_shift(T.theta, prep.reference_yaw, summary.reference_yaw)
+        rotated = rotate_sectors(prep.sectors, shift)
+        new = np.where(mapping < 0)[0]
+        mapping[new] = summary.n_nodes + np.arange(len(new))
+        old = np.setdiff1d(np.arange(len(mapping)), new)
+        for i in old:
+            j = mapping[i]
+            c = summary.node_count[j]
+            summary.node_xy[j] = (summary.node_xy[j] * c + moved[i]) / (c + 1)
+            summary.node_count[j] = c + 1
+            unknown = summary.sectors[j] == UNKNOWN
+            summary.sectors[j, unknown] = rotated[i, unknown]
+        summary.node_xy = np.concatenate([summary.node_xy, moved[new]])
+        summary.sectors = np.concatenate([summary.sectors, rotated[new]])
+        summary.node_count = np.concatenate([summary.node_count, np.ones(len(new), np.int32)])
+        for a, b in prep.edges.tolist():
+            u, v = int(mapping[a]), int(mapping[b])
+            if u != v:
+                summary.edges.add((min(u, v), max(u, v)))
+        if prep.scene_hint and prep.scene_hint not in summary.scene_hints:
+            summary.scene_hints.append(prep.scene_hint)
+        if prep.goal not in summary.goals:
+            summary.goals.append(prep.goal)
+        # Members contained in the new trajectory are the shorter ones: drop them (paper).
+        seq = collapse_repeats(mapping)
+        nodes = frozenset(seq)
+        superseded = [m for m in members if m.nodes <= nodes and is_subsequence(m.seq, seq)]
+        for m in superseded:
+            members.remove(m)
+            self._chunk_ids.discard(m.trajectory_id)
+            self._redundant_ids.add(m.trajectory_id)
+            self._pending.delete_chunk_ids.append(m.trajectory_id)
+            self._record(Decision(m.trajectory_id, "redundant", gid, result.score, None,
+                                  other_id=prep.trajectory_id,
+                                  reason=f"node list is an ordered subsequence of {prep.trajectory_id}"))
+        summary.n_members += 1 - len(superseded)
+        self._set_descriptor(summary)
+        self._pending_groups.add(gid)
+        self._pending.chunks.append(self._chunk_row(prep, gid, T, mapping))
+        self._chunk_ids.add(prep.trajectory_id)
+        self._add_member(gid, prep.goal, prep.trajectory_id, seq)
+        return self._record(Decision(
+            prep.trajectory_id, "merge", gid, result.score, T,
+            reason=f"{result.n_inliers} of {len(result.pairs)} pairs consistent; {len(new)} new nodes",
+            superseded=[m.trajectory_id for m in superseded]))
+
+    def _fuse(self, gid: int, other: int, T: Transform2D, tid: str, score: float) -> None:
+        """Fuse group ``other`` into ``gid`` (a trajectory matched both); T: other -> gid frame.
+
+        The other summary's nodes join ours like a trajectory's (nearest node within the merge
+        radius, else a new node); its members are re-pointed (group, summary nodes, transform).
+        """
+        dst, src = self.summaries[gid], self.summaries.pop(other)
+        moved = T.apply(src.node_xy)
+        rotated = rotate_sectors(src.sectors, implied_shift(T.theta, src.reference_yaw,
+                                                           dst.reference_yaw))
+        d = np.linalg.norm(moved[:, None, :] - dst.node_xy[None, :, :], axis=2)
+        nearest = d.argmin(axis=1)
+        close = d[np.arange(len(moved)), nearest] <= self.cfg.merge_radius_m
+        node_map = np.where(close, nearest, -1)
+        new = np.where(~close)[0]
+        node_map[new] = dst.n_nodes + np.arange(len(new))
+        for i in np.where(close)[0]:
+            j, c, c_src = node_map[i], dst.node_count[node_map[i]], src.node_count[i]
+            dst.node_xy[j] = (dst.node_xy[j] * c + moved[i] * c_src) / (c + c_src)
+            dst.node_count[j] = c + c_src
+            unknown = dst.sectors[j] == UNKNOWN
+            dst.sectors[j, unknown] = rotated[i, unknown]
+        dst.node_xy = np.concatenate([dst.node_xy, moved[new]])
+        dst.sectors = np.concatenate([dst.sectors, rotated[new]])
+        dst.node_count = np.concatenate([dst.node_count, src.node_count[new]])
+        for a, b in src.edges:
+            u, v = int(node_map[a]), int(node_map[b])
+            if u != v:
+                dst.edges.add((min(u, v), max(u, v)))
+        dst.n_members += src.n_members
+        dst.scene_hints += [h for h in src.scene_hints if h not in dst.scene_hints]
+        dst.goals += [g for g in src.goals if g not in dst.goals]
+        self._drop_descriptor(other)
+        self._set_descriptor(dst)
+        for goal, members in self._members.pop(other, {}).items():
+            for m in members:
+                self._add_member(gid, goal, m.trajectory_id,
+                                 collapse_repeats(node_map[list(m.seq)]))
+        self._repoint_chunks(other, gid, node_map, T)
+        self._pending_groups.discard(other)
+        self._pending_groups.add(gid)
+        self._pending.delete_group_ids.append(other)
+        self._record(Decision(tid, "fuse", gid, score, T, other_id=str(other),
+                              reason=f"group {other} fused into {gid} ({len(new)} new nodes)"))
+
+    def _repoint_chunks(self, old: int, new: int, node_map: np.ndarray, T: Transform2D) -> None:
+        """Move the chunks of group ``old`` (stored and pending) into group ``new``."""
+        def patch(row: dict) -> dict:
+            row["group_id"] = new
+            row["summary_nodes"] = node_map[np.asarray(row["summary_nodes"], dtype=np.int64)]
+            inner = Transform2D(*(float(v) for v in row["group_transform"]))
+            row["group_transform"] = np.asarray(T.compose(inner).as_list(), dtype=np.float32)
+            return row
+
+        for row in self._pending.chunks:
+            if row["group_id"] == old:
+                patch(row)
+        updates = {r["trajectory_id"]: r for r in self._pending.chunk_updates}
+        dropped = set(self._pending.delete_chunk_ids)
+        for row in self.store.read(CHUNKS, where=f"group_id = {int(old)}").to_pylist():
+            tid = row["trajectory_id"]
+            if tid not in updates and tid not in dropped:
+                updates[tid] = row
+        for tid, row in updates.items():
+            if row["group_id"] == old:
+                updates[tid] = patch(row)
+        self._pending.chunk_updates = list(updates.values())
+
+    def _drop_descriptor(self, gid: int) -> None:
+        """Remove a group's prefilter row (the last row moves into its place)."""
+        row = self._desc_row.pop(gid)
+        self._desc_counts.pop(gid, None)
+        last = len(self._desc_gid) - 1
+        if row != last:
+            moved_gid = self._desc_gid[last]
+            self._desc[row] = self._desc[last]
+            self._desc_gid[row] = moved_gid
+            self._desc_row[moved_gid] = row
+        self._desc_gid.pop()
+        self._desc[last] = 0.0
+
+    def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
+                policy: str | None) -> Decision:
+        try:
+            tid = str(trajectory_id) if trajectory_id is not None else trajectory_key(traj)
+        except ValueError as exc:
+            return self._record(Decision("", "rejected", reason=str(exc)))
+        if self.known(tid):
+            return Decision(tid, "duplicate", reason="trajectory id already in the store")
+        prep = self._prepare(traj, tid, description, policy)
+        if isinstance(prep, str):
+            return self._record(Decision(tid, "rejected", reason=prep))
+        matches = self._accepted_matches(prep)
+        if not matches:
+            return self._new_group(prep)
+        gid, result = matches[0]
+        decision = self._merge(prep, gid, result)
+        if decision.action == "merge" and self.cfg.fuse_groups:
+            for other, other_result in matches[1:]:
+                # T_other maps the trajectory into the other group; T maps it into ours.
+                to_ours = result.transform.compose(other_result.transform.inverse())
+                self._fuse(gid, other, to_ours, prep.trajectory_id, other_result.score)
+        return decision
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def insert(self, traj: Any, *, trajectory_id: str | None = None,
+               description: str | None = None, policy: str | None = None) -> Decision:
+        """Insert one trajectory and commit it (see the module docstring)."""
+        decision = self._decide(traj, trajectory_id, description, policy)
+        self.flush()
+        return decision
+
+    def insert_many(self, trajs: Iterable[Any], *, policy: str | None = None) -> list[Decision]:
+        """Insert trajectories, committing every ``batch_size`` of them (one version per table)."""
+        decisions: list[Decision] = []
+        pending = 0
+        for traj in trajs:
+            decisions.append(self._decide(traj, None, None, policy))
+            pending += 1
+            if pending >= self.cfg.batch_size:
+                self.flush()
+                pending = 0
+        self.flush()
+        return decisions
+
+    def flush(self) -> None:
+        """Commit pending rows. On failure the store is rolled back and the state reloaded."""
+        if not self._pending and not self._pending_groups:
+            return
+        batch = self._pending
+        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
+        try:
+            self.store.commit(batch)
+        except StoreError:
+            self.reload()
+            raise
+        self._reset_pending()
+        self._commits += 1
+        if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
+            self.store.compact()
+
+    def _summary_row(self, s: Summary) -> dict:
+        edges = np.asarray(sorted(s.edges), dtype=np.int32).reshape(-1, 2)
+        return {
+            "group_id": s.group_id, "n_nodes": s.n_nodes,
+            "node_xy": s.node_xy.astype(np.float32).ravel(),
+            "sectors": s.sectors.astype(np.int8).ravel(), "node_count": s.node_count,
+            "edges": edges.ravel(), "reference_yaw": s.reference_yaw, "n_members": s.n_members,
+            "scene_hints": s.scene_hints, "goals": s.goals,
+            "descriptor": self._desc[self._desc_row[s.group_id]], "node_embeddings": None,
+            "updated_at": _now()}
+
+    def versions(self) -> dict[str, int]:
+        """Store versions to roll back to (call after ``flush``)."""
+        return self.store.versions()
+
+    def rollback(self, versions: dict[str, int]) -> None:
+        """Undo every batch committed after ``versions`` and reload the in-memory state."""
+        self._reset_pending()
+        self.store.rollback(versions)
+        self.reload()
+
+
+def decision_counts(decisions: Iterable[Decision]) -> dict[str, int]:
+    """Action -> count."""
+    return dict(Counter(d.action for d in decisions))
+
+
+def timed_insert(memory: TrajectoryMemory, traj: Any) -> tuple[Decision, float]:
+    """Insert one trajectory and return its wall time in milliseconds (for benchmarks)."""
+    start = time.perf_counter()
+    decision = memory.insert(traj)
+    return decision, (time.perf_counter() - start) * 1e3

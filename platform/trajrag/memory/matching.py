@@ -1,0 +1,345 @@
+"""Semantic (Eq. 8) and geometric (Eq. 9) matching of a topo-polar trajectory to a summary.
+
+Numpy only. Sector vectors hold one label per 30-degree sector (``topo.labels``: a category id
+``>= 0``, ``FREE``, ``OBSTACLE`` or ``UNKNOWN``) in the frame of a *reference heading* (the
+episode's start heading): sector ``i`` looks along ``reference_yaw + pi/2 + i * 30 deg``.
+
+Conventions used throughout:
+
+* ``rotate_sectors(s, k) = np.roll(s, k)``: the label seen in sector ``i`` moves to sector
+  ``i + k``. That is what happens to a vector when its reference heading turns by ``-k * 30 deg``
+  (or the world turns by ``+k * 30 deg``).
+* ``sim(a, b)`` = (number of sectors where ``a`` and ``b`` carry the same *known* label) / 12.
+  ``UNKNOWN`` is no evidence: it never matches, not even another ``UNKNOWN``, so two nodes at the
+  edge of the explored area do not look alike for lack of information. ``sim`` is in [0, 1].
+* An SE(2) transform maps the new trajectory's frame into the summary (group) frame:
+  ``q = R(theta) @ p + t``. It is returned as ``Transform2D(theta, tx, ty)`` (radians, metres).
+* Heading consistency: if ``T`` rotates by ``theta``, a node seen with reference ``ref_a`` must
+  match a summary node of reference ``ref_b`` at shift ``k* = (theta + ref_a - ref_b) / 30 deg``
+  (fractional when ``theta`` is not a multiple of 30 deg). A pair is heading-consistent when its
+  similarity at ``floor(k*)`` or ``ceil(k*)`` is within ``heading_slack`` of its best similarity
+  over all 12 shifts. Comparing similarities rather than ``best_shift == k*`` keeps nodes whose
+  sectors are symmetric (a corridor matches at ``k`` and ``k + 6`` equally) from being dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from trajrag.topo.labels import UNKNOWN
+
+N_SECTORS = 12
+SECTOR_ANGLE = 2.0 * math.pi / N_SECTORS
+
+
+class SectorNodes(Protocol):
+    """What matching needs from a trajectory or a summary (duck-typed)."""
+
+    node_xy: np.ndarray  # float (K, 2) metres
+    sectors: np.ndarray  # int (K, 12) labels
+    reference_yaw: float  # radians
+
+
+@dataclass(frozen=True)
+class Transform2D:
+    """SE(2) map ``q = R(theta) p + t`` (radians, metres)."""
+
+    theta: float
+    tx: float
+    ty: float
+
+    @classmethod
+    def identity(cls) -> "Transform2D":
+        return cls(0.0, 0.0, 0.0)
+
+    @classmethod
+    def from_rt(cls, R: np.ndarray, t: np.ndarray) -> "Transform2D":
+        return cls(float(math.atan2(R[1, 0], R[0, 0])), float(t[0]), float(t[1]))
+
+    @property
+    def R(self) -> np.ndarray:
+        c, s = math.cos(self.theta), math.sin(self.theta)
+        return np.array([[c, -s], [s, c]])
+
+    @property
+    def t(self) -> np.ndarray:
+        return np.array([self.tx, self.ty])
+
+    def apply(self, xy: np.ndarray) -> np.ndarray:
+        """Transform points (K, 2) metres."""
+        return np.asarray(xy, dtype=np.float64) @ self.R.T + self.t
+
+    def inverse(self) -> "Transform2D":
+        R_inv = self.R.T
+        t_inv = -R_inv @ self.t
+        return Transform2D(-self.theta, float(t_inv[0]), float(t_inv[1]))
+
+    def compose(self, inner: "Transform2D") -> "Transform2D":
+        """``self o inner``: apply ``inner`` first, then ``self``."""
+        t = self.R @ inner.t + self.t
+        return Transform2D(_wrap(self.theta + inner.theta), float(t[0]), float(t[1]))
+
+    def as_list(self) -> list[float]:
+        return [self.theta, self.tx, self.ty]
+
+
+@dataclass(frozen=True)
+class MatchParams:
+    """Thresholds of one match (a view of ``MemoryConfig``; see configs/memory.yaml)."""
+
+    mutual_k: int
+    min_node_similarity: float
+    ransac_threshold_m: float
+    ransac_iterations: int
+    huber_delta_m: float
+    refit_iterations: int
+    heading_slack: float
+    min_inliers: int
+    min_score: float
+
+
+@dataclass
+class MatchResult:
+    """Outcome of matching a trajectory (a) against a summary (b).
+
+    score: inlier ratio |C_in| / |C| (Eq. 9's geometric similarity), 0 when nothing matched.
+    transform: a-frame -> b-frame, or None when no valid transform was found.
+    pairs: (c, 2) int node indices (i in a, j in b) from mutual KNN.
+    inliers: (c,) bool, pairs consistent with ``transform`` (distance and heading).
+    accepted: score, inlier count and transform pass the configured thresholds.
+    """
+
+    score: float
+    transform: Transform2D | None
+    pairs: np.ndarray
+    inliers: np.ndarray
+    accepted: bool
+
+    @property
+    def n_inliers(self) -> int:
+        return int(self.inliers.sum())
+
+
+def _wrap(angle: float) -> float:
+    return (angle + math.pi) % (2.0 * math.pi) - math.pi
+
+
+def rotate_sectors(sectors: np.ndarray, shift: int) -> np.ndarray:
+    """Cyclically rotate sector vectors (..., 12) by ``shift`` sectors (label i -> i + shift)."""
+    return np.roll(sectors, shift, axis=-1)
+
+
+def _one_hot(sectors: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(..., 12) labels -> (..., 12 * V) float32 one-hot over ``values`` (UNKNOWN excluded)."""
+    hot = sectors[..., None] == values
+    return hot.reshape(*sectors.shape[:-1], -1).astype(np.float32)
+
+
+def sector_similarity_all(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """sim(Rot(a_i, k), b_j) for every shift k: (12, n, m) in [0, 1].
+
+    A: (n, 12), B: (m, 12) integer labels. One batched matmul of one-hot encodings over the
+    labels present in both inputs.
+    """
+    A = np.asarray(A)
+    B = np.asarray(B)
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != N_SECTORS or B.shape[1] != N_SECTORS:
+        raise ValueError(f"sector arrays must be (n, {N_SECTORS}) and (m, {N_SECTORS}), "
+                         f"got {A.shape} and {B.shape}")
+    n, m = len(A), len(B)
+    values = np.intersect1d(np.unique(A), np.unique(B))
+    values = values[values != UNKNOWN]
+    if n == 0 or m == 0 or len(values) == 0:
+        return np.zeros((N_SECTORS, n, m), dtype=np.float32)
+    shifts = np.arange(N_SECTORS)
+    # rolled[k, i, s] = A[i, (s - k) % 12] == np.roll(A[i], k)[s]
+    idx = (np.arange(N_SECTORS)[None, :] - shifts[:, None]) % N_SECTORS
+    rolled = A[:, idx].transpose(1, 0, 2)  # (12, n, 12)
+    left = _one_hot(rolled, values).reshape(N_SECTORS * n, -1)
+    right = _one_hot(B, values)
+    counts = (left @ right.T).reshape(N_SECTORS, n, m)
+    return counts / np.float32(N_SECTORS)
+
+
+def sector_similarity(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 8: S_ij = max_k sim(Rot(a_i, k), b_j) and the arg-max shift.
+
+    Returns S (n, m) float32 in [0, 1] and best_shift (n, m) int in [0, 12). Ties (frequent for
+    symmetric nodes) resolve to the smallest shift.
+    """
+    all_k = sector_similarity_all(A, B)
+    return all_k.max(axis=0), all_k.argmax(axis=0)
+
+
+def mutual_knn(S: np.ndarray, k: int, min_similarity: float = 0.0) -> np.ndarray:
+    """Mutual top-k pairs of a similarity matrix: (c, 2) int (row, column).
+
+    (i, j) is kept when S_ij is among the k largest of row i *and* of column j, ties included
+    (a tie at rank k keeps every tied entry, so equally good candidates are not dropped at
+    random), and S_ij >= min_similarity and S_ij > 0.
+    """
+    S = np.asarray(S)
+    if k < 1:
+        raise ValueError(f"mutual_knn: k must be >= 1, got {k}")
+    if S.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    n, m = S.shape
+    row_kth = -np.partition(-S, min(k, m) - 1, axis=1)[:, min(k, m) - 1]
+    col_kth = -np.partition(-S, min(k, n) - 1, axis=0)[min(k, n) - 1, :]
+    keep = (S >= row_kth[:, None]) & (S >= col_kth[None, :]) & (S >= min_similarity) & (S > 0)
+    return np.argwhere(keep)
+
+
+def _procrustes(P: np.ndarray, Q: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least-squares rotation + translation with Q ~ R P + t (2D Kabsch)."""
+    w = w / w.sum()
+    mp, mq = w @ P, w @ Q
+    H = ((P - mp) * w[:, None]).T @ (Q - mq)
+    theta = math.atan2(H[0, 1] - H[1, 0], H[0, 0] + H[1, 1])
+    c, s = math.cos(theta), math.sin(theta)
+    R = np.array([[c, -s], [s, c]])
+    return R, mq - R @ mp
+
+
+def _huber_weights(residual: np.ndarray, delta: float) -> np.ndarray:
+    return np.where(residual <= delta, 1.0, delta / np.maximum(residual, 1e-12))
+
+
+def ransac_se2(
+    P: np.ndarray,
+    Q: np.ndarray,
+    threshold_m: float,
+    iterations: int,
+    rng: np.random.Generator,
+    huber_delta_m: float | None = None,
+    refit_iterations: int = 0,
+    pair_ok: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """RANSAC SE(2) with 2-point minimal samples, then a robust refit (Eq. 9).
+
+    P, Q: (c, 2) metres, corresponding points (Q ~ R P + t). Hypotheses come from every pair of
+    correspondences when there are at most ``iterations`` pairs, else from ``iterations`` random
+    pairs drawn with ``rng``; all hypotheses are scored at once. A pair is an inlier when its
+    residual is below ``threshold_m`` and, if given, ``pair_ok(thetas (H,)) -> (H, c) bool``
+    accepts it (used for heading consistency). The best hypothesis (most inliers, then smallest
+    residual) is refitted on its inliers by weighted Procrustes with Huber IRLS weights
+    (``huber_delta_m``), ``refit_iterations`` times, re-selecting inliers each time.
+
+    Returns (R (2, 2), t (2,), inlier_mask (c,)); an all-False mask and the identity when fewer
+    than 2 correspondences or no hypothesis has 2 inliers.
+    """
+    P = np.asarray(P, dtype=np.float64)
+    Q = np.asarray(Q, dtype=np.float64)
+    c = len(P)
+    identity = (np.eye(2), np.zeros(2), np.zeros(c, dtype=bool))
+    if c < 2:
+        return identity
+    n_all = c * (c - 1) // 2
+    if n_all <= iterations:
+        a, b = np.triu_indices(c, 1)
+    else:
+        a = rng.integers(0, c, size=iterations)
+        b = (a + rng.integers(1, c, size=iterations)) % c
+    dp, dq = P[b] - P[a], Q[b] - Q[a]
+    len_p, len_q = np.linalg.norm(dp, axis=1), np.linalg.norm(dq, axis=1)
+    # A rigid map preserves distances: skip samples that cannot fit, and degenerate ones.
+    valid = (np.abs(len_p - len_q) <= 2.0 * threshold_m) & (len_p > threshold_m)
+    if not valid.any():
+        return identity
+    a, b, dp, dq = a[valid], b[valid], dp[valid], dq[valid]
+    thetas = np.arctan2(dq[:, 1], dq[:, 0]) - np.arctan2(dp[:, 1], dp[:, 0])
+    cos, sin = np.cos(thetas), np.sin(thetas)
+    mid_p, mid_q = (P[a] + P[b]) / 2.0, (Q[a] + Q[b]) / 2.0
+    t = mid_q - np.stack([cos * mid_p[:, 0] - sin * mid_p[:, 1],
+                          sin * mid_p[:, 0] + cos * mid_p[:, 1]], axis=1)
+    moved_x = cos[:, None] * P[None, :, 0] - sin[:, None] * P[None, :, 1] + t[:, 0:1]
+    moved_y = sin[:, None] * P[None, :, 0] + cos[:, None] * P[None, :, 1] + t[:, 1:2]
+    residual = np.hypot(moved_x - Q[None, :, 0], moved_y - Q[None, :, 1])  # (H, c)
+    inl = residual < threshold_m
+    if pair_ok is not None:
+        inl &= pair_ok(thetas)
+    counts = inl.sum(axis=1)
+    cost = np.where(inl, residual, threshold_m).sum(axis=1)
+    best = int(np.lexsort((cost, -counts))[0])
+    if counts[best] < 2:
+        return identity
+    mask = inl[best]
+    R = np.array([[cos[best], -sin[best]], [sin[best], cos[best]]])
+    tt = t[best]
+    delta = threshold_m / 2.0 if huber_delta_m is None else huber_delta_m
+    for _ in range(refit_iterations):
+        res = np.linalg.norm(P[mask] @ R.T + tt - Q[mask], axis=1)
+        R_new, t_new = _procrustes(P[mask], Q[mask], _huber_weights(res, delta))
+        res_all = np.linalg.norm(P @ R_new.T + t_new - Q, axis=1)
+        new_mask = res_all < threshold_m
+        if pair_ok is not None:
+            new_mask &= pair_ok(np.array([math.atan2(R_new[1, 0], R_new[0, 0])]))[0]
+        if new_mask.sum() < 2:
+            break
+        R, tt = R_new, t_new
+        if np.array_equal(new_mask, mask):
+            break
+        mask = new_mask
+    return R, tt, mask
+
+
+def heading_checker(
+    sim_all_pairs: np.ndarray, best_sim: np.ndarray, ref_a: float, ref_b: float, slack: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A ``pair_ok`` for ``ransac_se2``: is each pair's similarity at the implied shift near its best?
+
+    sim_all_pairs: (12, c) similarity of each pair at every shift; best_sim: (c,) its maximum.
+    ref_a, ref_b: reference headings (radians) of the two sector frames. The shift implied by a
+    rotation ``theta`` is ``(theta + ref_a - ref_b) / 30 deg``; both neighbouring integer shifts
+    are tried, so rotations that are not multiples of 30 deg are handled.
+    """
+
+    def ok(thetas: np.ndarray) -> np.ndarray:
+        k = (np.asarray(thetas) + ref_a - ref_b) / SECTOR_ANGLE
+        k0 = np.floor(k).astype(np.int64) % N_SECTORS
+        k1 = (k0 + 1) % N_SECTORS
+        at = np.maximum(sim_all_pairs[k0], sim_all_pairs[k1])  # (H, c)
+        return at >= best_sim[None, :] - slack - 1e-6
+
+    return ok
+
+
+def implied_shift(theta: float, ref_a: float, ref_b: float) -> int:
+    """The integer sector shift that takes a-frame sectors into b's frame under rotation theta."""
+    return int(round((theta + ref_a - ref_b) / SECTOR_ANGLE)) % N_SECTORS
+
+
+def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
+          rng: np.random.Generator) -> MatchResult:
+    """Match a trajectory's nodes to a summary's: Eq. 8 + mutual KNN, then Eq. 9 (RANSAC SE(2)).
+
+    Both arguments need ``node_xy`` (K, 2) metres, ``sectors`` (K, 12) labels in one shared label
+    vocabulary, and ``reference_yaw`` (radians). The transform maps the trajectory's frame into
+    the summary's. ``accepted`` requires at least ``min_inliers`` consistent pairs and an inlier
+    ratio of at least ``min_score``.
+    """
+    sim_all = sector_similarity_all(traj.sectors, summary.sectors)
+    S = sim_all.max(axis=0)
+    pairs = mutual_knn(S, params.mutual_k, params.min_node_similarity)
+    empty = np.zeros(len(pairs), dtype=bool)
+    if len(pairs) < max(2, params.min_inliers):
+        return MatchResult(0.0, None, pairs, empty, False)
+    i, j = pairs[:, 0], pairs[:, 1]
+    pair_ok = heading_checker(sim_all[:, i, j], S[i, j], float(traj.reference_yaw),
+                              float(summary.reference_yaw), params.heading_slack)
+    R, t, inliers = ransac_se2(
+        np.asarray(traj.node_xy)[i], np.asarray(summary.node_xy)[j],
+        params.ransac_threshold_m, params.ransac_iterations, rng,
+        huber_delta_m=params.huber_delta_m, refit_iterations=params.refit_iterations,
+        pair_ok=pair_ok,
+    )
+    n_in = int(inliers.sum())
+    if n_in < 2:
+        return MatchResult(0.0, None, pairs, inliers, False)
+    score = n_in / len(pairs)
+    accepted = n_in >= params.min_inliers and score >= params.min_score
+    return MatchResult(float(score), Transform2D.from_rt(R, t), pairs, inliers, accepted)

@@ -1,0 +1,45 @@
+"""What the mapping stage needs from an object detector.
+
+The paper runs GroundingDINO (boxes for text queries) + MobileSAM (masks in the boxes); the
+embedded default is the simulator's oracle semantics with a noise model. Both give one boolean
+mask per category of the agent's vocabulary, so the semantic map never knows which one ran.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from trajrag.world.interface import Observations
+
+
+@runtime_checkable
+class ObjectSegmenter(Protocol):
+    """Per-frame object masks for a fixed category vocabulary.
+
+    ``vocabulary[k]`` names the category of mask ``k``; the semantic map's object channels use
+    the same order.
+    """
+
+    @property
+    def vocabulary(self) -> tuple[str, ...]: ...
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start a new episode (re-seeds any randomness; stateless detectors may ignore it)."""
+        ...
+
+    def segment(self, obs: Observations) -> np.ndarray:
+        """Masks for one frame: bool ``(len(vocabulary), H, W)`` at the depth image's size."""
+        ...
+
+
+def check_masks(masks: np.ndarray, n_categories: int, shape: tuple[int, int], who: str) -> np.ndarray:
+    """Validate a segmenter's output; ``ValueError`` naming ``who`` if its shape or dtype is wrong."""
+    masks = np.asarray(masks)
+    expected = (n_categories, *shape)
+    if masks.shape != expected:
+        raise ValueError(f"{who}: masks have shape {masks.shape}, expected {expected} (categories, H, W)")
+    if masks.dtype != np.bool_:
+        raise ValueError(f"{who}: masks must be bool, got {masks.dtype}")
+    return masks

@@ -1,0 +1,58 @@
+"""Pictures of scenes (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from trajrag.world.scene import Scene  # noqa: E402
+
+# grey levels of the background layers: walls / outside dark, floor the agent cannot stand on
+# mid grey (the agent-radius margin along walls and furniture), traversable floor light
+_WALL, _FLOOR, _TRAVERSABLE = 0.15, 0.62, 0.93
+# tab20 without its two greys (indices 14, 15), which would read as floor or wall
+_PALETTE = np.array([c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)])
+
+
+def scene_image(scene: Scene) -> np.ndarray:
+    """RGB float image (H, W, 3) of a scene: walls dark, traversable light, objects coloured by
+    category (tab20 colours without greys, by category id)."""
+    grey = np.where(scene.traversable, _TRAVERSABLE, np.where(scene.floor, _FLOOR, _WALL))
+    image = np.repeat(grey[..., None], 3, axis=2)
+    has_object = scene.category_map >= 0
+    image[has_object] = _PALETTE[scene.category_map[has_object] % len(_PALETTE)]
+    return image
+
+
+def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_rooms: bool = True) -> Path:
+    """Write a top-down picture of ``scene`` to ``path`` (PNG) and return the path.
+
+    Drawn with ``origin="lower"`` in metres (map frame), a legend of the categories present, and
+    room names from ``scene.meta["rooms"]`` when there are any.
+    """
+    path = Path(path)
+    h, w = scene.shape
+    x0, y0 = scene.origin
+    extent = (x0, x0 + w * scene.cell_size, y0, y0 + h * scene.cell_size)
+    fig, ax = plt.subplots(figsize=(max(4.0, 7.0 * w / max(h, w)) + 2.5, max(4.0, 7.0 * h / max(h, w))))
+    ax.imshow(scene_image(scene), origin="lower", extent=extent, interpolation="nearest")
+    if show_rooms:
+        for room in scene.meta.get("rooms", []):
+            bx0, by0, bx1, by1 = room["bbox"]
+            ax.text((bx0 + bx1) / 2, (by0 + by1) / 2, room["name"], ha="center", va="center",
+                    fontsize=6, color="black", alpha=0.7)
+    handles = [Patch(color=_PALETTE[scene.category_id(c) % len(_PALETTE)], label=c) for c in scene.present_categories()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.set_title(scene.name, fontsize=9)
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
