@@ -10,7 +10,7 @@ from scipy import ndimage
 
 from trajrag.topo.candidates import candidate_paths, frontier_node, step_candidates
 from trajrag.topo.sectors import sector_vectors
-from trajrag.topo.trajectory import TopoPolarTrajectory, build_topo_polar, load_config, xy_to_cells
+from trajrag.topo.trajectory import TopoPolarTrajectory, load_config, xy_to_cells
 
 CS = 0.05
 

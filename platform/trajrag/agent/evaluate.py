@@ -109,3 +109,23 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if math.isfinite(value) else "-"
     return "-" if value is None else str(value)
+
+
+def render_episode_png(scenes: Sequence[Scene], out_dir: Path, agents: Sequence[str], path: Path) -> Path | None:
+    """A picture of the first recorded episode with every agent's walk over the scene (None if
+    no agent has recorded it)."""
+    from trajrag.world.viz import render_scene_png
+
+    records = {name: AgentRun(name, Path(out_dir) / name).finished() for name in agents}
+    first = next((key for r in records.values() for key in r), None)
+    if first is None:
+        return None
+    scene = next(s for s in scenes if s.name == first[0])
+    tracks = {}
+    for name, recs in records.items():
+        if first in recs:
+            rec = recs[first]
+            verdict = "success" if rec["metrics"]["success"] else rec["outcome"]
+            tracks[f"{name} ({verdict}, SPL {rec['metrics']['spl']:.2f})"] = [p[:2] for p in rec["poses"]]
+    category = next(iter(records[n][first] for n in records if first in records[n]))["category"]
+    return render_scene_png(scene, path, paths=tracks, title=f"{scene.name} episode {first[1]}: find {category}")

@@ -11,7 +11,9 @@ import importlib
 from typing import Sequence
 
 AGENTS: dict[str, str] = {
-    "oracle": "trajrag.agent.oracle:make_agent",
+    "oracle": "trajrag.agent.registry:make_oracle",
+    "frontier": "trajrag.agent.navigator:make_frontier_agent",
+    "random": "trajrag.agent.navigator:make_random_agent",
 }
 
 
@@ -22,3 +24,11 @@ def make_agent(name: str, sim_cfg, overrides: Sequence[str] = (), seed: int = 0)
     except KeyError:
         raise KeyError(f"unknown agent {name!r}; known: {sorted(AGENTS)}") from None
     return getattr(importlib.import_module(module_name), factory)(sim_cfg, overrides, seed)
+
+
+def make_oracle(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
+    """The privileged shortest-walk oracle (needs no seed)."""
+    from trajrag import config
+    from trajrag.agent.oracle import OracleAgent
+
+    return OracleAgent(config.load("oracle", overrides), sim_cfg, config.load("episodes", overrides))

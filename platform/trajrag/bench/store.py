@@ -91,7 +91,7 @@ def synthetic_scene(rng: np.random.Generator, name: str, *, rows: tuple[int, int
     for k in order:
         i, j = cand[k]
         ri, rj = find(i), find(j)
-        if ri != rj or rng.random() < 0.15:
+        if ri != rj or rng.random() < 0.3:
             parent[ri] = rj
             neighbours[i].append(j)
             neighbours[j].append(i)
@@ -114,18 +114,28 @@ def sample_sectors(scene: SyntheticScene, nodes: np.ndarray, heading: float) -> 
     return scene.labels[np.asarray(nodes)][:, bins]
 
 
-def random_walk(scene: SyntheticScene, rng: np.random.Generator, length: int) -> np.ndarray:
-    """A self-avoiding walk of up to ``length`` nodes (loop-free, as after loop pruning)."""
-    path = [int(rng.integers(len(scene.node_xy)))]
-    seen = {path[0]}
-    while len(path) < length:
-        options = [j for j in scene.neighbours[path[-1]] if j not in seen]
-        if not options:
+def random_walk(scene: SyntheticScene, rng: np.random.Generator, length: int,
+                min_length: int = 5) -> np.ndarray:
+    """A loop-free node sequence of ``min_length``-``length`` nodes where the graph allows: a walk
+    to unvisited neighbours; at a dead end it steps back to a visited one and is loop-pruned as
+    in the paper (the revisited node keeps its last occurrence, the loop since is dropped)."""
+    best: list[int] = []
+    for _ in range(5):
+        path = [int(rng.integers(len(scene.node_xy)))]
+        for _ in range(4 * length):
+            if len(path) >= length:
+                break
+            options = scene.neighbours[path[-1]]
+            fresh = [j for j in options if j not in path]
+            nxt = int(rng.choice(fresh if fresh else options))
+            if nxt in path:
+                path = path[: path.index(nxt)]
+            path.append(nxt)
+        if len(path) > len(best):
+            best = path
+        if len(best) >= min_length:
             break
-        nxt = int(rng.choice(options))
-        path.append(nxt)
-        seen.add(nxt)
-    return np.asarray(path)
+    return np.asarray(best)
 
 
 def synthetic_trajectory(scene: SyntheticScene, rng: np.random.Generator, trajectory_id: str, *,

@@ -12,6 +12,7 @@ from trajrag.cli import add_override_arg
 BENCHES: dict[str, str] = {
     "sim": "trajrag.bench.sim:run",
     "store": "trajrag.bench.store:run",
+    "mapping": "trajrag.bench.mapping:run",
 }
 
 

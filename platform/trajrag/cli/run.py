@@ -43,11 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from trajrag import config
-    from trajrag.agent.evaluate import evaluate_agent, write_results_table
+    from trajrag.agent.evaluate import evaluate_agent, render_episode_png, write_results_table
     from trajrag.agent.registry import make_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
-    from trajrag.world.viz import render_episode_png
 
     cfg: RunConfig = config.load("run", args.overrides)
     scene_spec = args.scenes or cfg.scenes
@@ -68,7 +67,7 @@ def run_command(args: argparse.Namespace) -> int:
             name, lambda: make_agent(name, sim_cfg, args.overrides), sim, episodes, scenes, out,
             episode_cfg, progress=not args.json)
     table = write_results_table(summaries, out)
-    picture = render_episode_png(scenes, out / agents[0] / "episodes.jsonl", out / "episode.png")
+    picture = render_episode_png(scenes, out, agents, out / "episode.png")
     if args.json:
         print(json.dumps({"out": str(out), "summaries": summaries}, default=str))
     else:

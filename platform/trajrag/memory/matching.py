@@ -106,7 +106,8 @@ class MatchParams:
 class MatchResult:
     """Outcome of matching a trajectory (a) against a summary (b).
 
-    score: inlier ratio |C_in| / |C| (Eq. 9's geometric similarity), 0 when nothing matched.
+    score: inlier ratio |C_in| / |C| (Eq. 9's geometric similarity), counted over the trajectory
+        nodes that have a pair (ties in mutual KNN give a node several pairs), 0 if none match.
     transform: a-frame -> b-frame, or None when no valid transform was found.
     pairs: (c, 2) int node indices (i in a, j in b) from mutual KNN.
     inliers: (c,) bool, pairs consistent with ``transform`` (distance and heading).
@@ -121,7 +122,8 @@ class MatchResult:
 
     @property
     def n_inliers(self) -> int:
-        return int(self.inliers.sum())
+        """Trajectory nodes with a consistent pair."""
+        return int(len(np.unique(self.pairs[self.inliers, 0]))) if len(self.pairs) else 0
 
 
 def _wrap(angle: float) -> float:
@@ -337,9 +339,11 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
         huber_delta_m=params.huber_delta_m, refit_iterations=params.refit_iterations,
         pair_ok=pair_ok,
     )
-    n_in = int(inliers.sum())
+    n_in = len(np.unique(i[inliers]))
     if n_in < 2:
         return MatchResult(0.0, None, pairs, inliers, False)
-    score = n_in / len(pairs)
+    # |C| counts trajectory nodes, not pairs: a node with k tied candidates adds k pairs of which
+    # at most one can be right, and should not dilute the ratio k-fold.
+    score = n_in / len(np.unique(i))
     accepted = n_in >= params.min_inliers and score >= params.min_score
     return MatchResult(float(score), Transform2D.from_rt(R, t), pairs, inliers, accepted)

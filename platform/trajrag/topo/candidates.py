@@ -38,7 +38,10 @@ _EIGHT = np.ones((3, 3), dtype=bool)
 
 
 class FrontierLike(Protocol):
-    """What is read from a frontier (``mapping``): centroid_xy (2,) metres, map frame; cells int (K, 2) ``[row, col]``."""
+    """What is read from a frontier (``mapping``).
+
+    centroid_xy: (2,) map-frame metres. cells: int (K, 2) ``[row, col]`` of the frontier.
+    """
 
     centroid_xy: np.ndarray
     cells: np.ndarray
@@ -71,21 +74,24 @@ def frontier_node(node_cells: np.ndarray, frontiers: Sequence[FrontierLike], fre
     side of the border). Distances are from the frontier centroid to the node cell centres.
     """
     node_cells = np.asarray(node_cells, dtype=np.int64).reshape(-1, 2)
-    h, w = free.shape
-    mask = np.asarray(free, dtype=bool).copy()
-    inside = _in_bounds(node_cells, (h, w))
-    mask[node_cells[inside, 0], node_cells[inside, 1]] = True
+    free = np.asarray(free, dtype=bool)
+    frontier_cells = [np.asarray(f.cells, dtype=np.int64).reshape(-1, 2) for f in frontiers]
+    lo, hi = _window(free, [node_cells, *frontier_cells])
+    mask = free[lo[0] : hi[0], lo[1] : hi[1]].copy()
+    shape = mask.shape
+    local = node_cells - lo
+    inside = _in_bounds(local, shape)
+    mask[local[inside, 0], local[inside, 1]] = True
     regions, _ = ndimage.label(mask, structure=_EIGHT)
     node_region = np.zeros(len(node_cells), dtype=np.int64)
-    node_region[inside] = regions[node_cells[inside, 0], node_cells[inside, 1]]
+    node_region[inside] = regions[local[inside, 0], local[inside, 1]]
     node_xy = np.stack([origin[0] + (node_cells[:, 1] + 0.5) * cell_size,
                         origin[1] + (node_cells[:, 0] + 0.5) * cell_size], axis=1)
     ring = np.array([(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1)])
     out = np.full(len(frontiers), -1, dtype=np.int64)
-    for f, frontier in enumerate(frontiers):
-        cells = np.asarray(frontier.cells, dtype=np.int64).reshape(-1, 2)
-        around = (cells[:, None, :] + ring[None]).reshape(-1, 2)
-        around = around[_in_bounds(around, (h, w))]
+    for f, (frontier, cells) in enumerate(zip(frontiers, frontier_cells)):
+        around = (cells[:, None, :] + ring[None] - lo).reshape(-1, 2)
+        around = around[_in_bounds(around, shape)]
         labels = regions[around[:, 0], around[:, 1]]
         labels = labels[labels > 0]
         if len(labels) == 0:
@@ -97,6 +103,21 @@ def frontier_node(node_cells: np.ndarray, frontiers: Sequence[FrontierLike], fre
         d = np.linalg.norm(node_xy[members] - np.asarray(frontier.centroid_xy, float)[None], axis=1)
         out[f] = members[np.argmin(d)]
     return out
+
+
+def _window(free: np.ndarray, cell_sets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Corners ``lo`` (inclusive) and ``hi`` (exclusive) of the grid window holding the free space
+    and the given cells, plus one cell, clipped to the grid: labelling it costs what is explored,
+    not the whole map."""
+    rows, cols = np.flatnonzero(free.any(axis=1)), np.flatnonzero(free.any(axis=0))
+    if len(rows):
+        cell_sets = cell_sets + [np.array([[rows[0], cols[0]], [rows[-1], cols[-1]]])]
+    corners = np.concatenate(cell_sets) if cell_sets else np.zeros((0, 2), dtype=np.int64)
+    if len(corners) == 0:
+        return np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    lo = np.maximum(corners.min(axis=0) - 1, 0)
+    hi = np.minimum(corners.max(axis=0) + 2, free.shape)
+    return lo, hi
 
 
 def _in_bounds(cells: np.ndarray, shape: tuple[int, int]) -> np.ndarray:

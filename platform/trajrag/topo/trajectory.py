@@ -197,6 +197,8 @@ class TopoPolarTrajectory:
         where = f"trajectory {self.scene_id or '?'}/{self.episode_id or '?'}"
         self.node_xy = np.asarray(self.node_xy, dtype=np.float64).reshape(-1, 2)
         k = len(self.node_xy)
+        if k == 0:
+            raise ValueError(f"{where}: a topo-polar trajectory needs at least one node")
         self.sectors = np.asarray(self.sectors, dtype=LABEL_DTYPE)
         if self.sectors.ndim != 2 or len(self.sectors) != k:
             raise ValueError(f"{where}: sectors shape {self.sectors.shape} does not match {k} nodes")
@@ -257,10 +259,9 @@ class TopoPolarTrajectory:
         missing = [key for key in required if key not in data]
         if missing:
             raise ValueError(f"topo-polar trajectory dict lacks {missing} (episode {data.get('episode_id', '?')})")
-        n_sectors = len(data["sectors"][0]) if len(data["sectors"]) else 0
         return cls(
             node_xy=np.asarray(data["node_xy"], dtype=np.float64).reshape(-1, 2),
-            sectors=np.asarray(data["sectors"], dtype=LABEL_DTYPE).reshape(-1, n_sectors),
+            sectors=np.asarray(data["sectors"], dtype=LABEL_DTYPE),
             categories=tuple(data["categories"]),
             goal=data["goal"],
             reference_yaw=data["reference_yaw"],
@@ -272,7 +273,10 @@ class TopoPolarTrajectory:
         )
 
     def to_columns(self) -> dict:
-        """One flat row for Arrow / LanceDB: scalars and 1-D lists (sectors flattened row-major)."""
+        """One flat row for Arrow / LanceDB: scalars and 1-D lists (sectors flattened row-major).
+
+        ``node_ids`` is left out: it only means something next to the map it was built from.
+        """
         return {
             "episode_id": self.episode_id,
             "scene_id": self.scene_id,

@@ -11,11 +11,17 @@ least the number of present categories each one gets ``per_scene // n`` or one m
   ``ISLAND_RADIUS_LIMIT``; radius = farthest cell from the island's centroid); random yaw.
 * straight-line filter: a start with geodesic / Euclidean distance ratio below
   ``geodesic_to_euclid_min_ratio`` is kept only with habitat-lab's probability
-  ``ratio_keep_scale * (ratio - ratio_keep_offset) ** 2`` (0.008..0.144 for ratios 1..1.1); up to
-  ``retries_per_episode`` starts are drawn, and if all are rejected by this filter the last
-  drawn one is kept, so every present category still gets its episodes (the
-  ``info["ratio_fallback"]`` flag marks them). The Euclidean distance is to the nearest goal
-  region cell.
+  ``ratio_keep_scale * (ratio - ratio_keep_offset) ** 2`` (0.008..0.144 for ratios 1..1.1). The
+  Euclidean distance is to the nearest goal-region cell.
+* walkable (``require_action_path``): the discrete agent (0.25 m steps on the 12 headings its
+  start yaw allows, no sliding along walls) must be able to walk from the start pose into the
+  goal region (``geodesic.shortest_action_path``). habitat-lab's generator likewise drops
+  episodes whose ``get_action_shortest_path`` fails. Grid connectivity alone is not enough: a
+  one-cell-wide sliver of traversable floor connects the grid but no 0.25 m step fits through it.
+* up to ``retries_per_episode`` starts are drawn; if every draw that is walkable was rejected by
+  the straight-line filter, the latest of them is kept anyway (``info["ratio_fallback"]``), so
+  every present category still gets its episodes; if no draw is walkable, the episode is
+  skipped (the scene gets fewer).
 * ``info["geodesic_distance"]`` = the geodesic field at the start cell (m).
 
 A category whose goal region is unreachable from any valid start (e.g. an object walled off
@@ -29,14 +35,14 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from scipy import ndimage
 
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import Pose2D
-from trajrag.world.geodesic import GoalField, goal_field
+from trajrag.world.geodesic import ActionPath, GoalField, Motion, goal_field, shortest_action_path
 from trajrag.world.scene import Scene
 
 
@@ -50,7 +56,9 @@ class EpisodeConfig:
     filter. retries_per_episode: start draws per episode. min_island_radius: metres.
     geodesic_neighbourhood_radius: cells (1: 8 neighbours, 2: 16, 3: 32). field_cache_size:
     goal fields kept in memory. seed: default generation seed (``generated:K`` specs without
-    one, ``world/datasets.py``).
+    one, ``world/datasets.py``). require_action_path: keep only starts from which the discrete
+    agent can walk into the goal region. action_path_*: the shortest-action-path planner
+    (``geodesic.shortest_action_path``: heuristic weight, metres per turn, node budget).
     """
 
     goal_categories: list[str]
@@ -66,6 +74,10 @@ class EpisodeConfig:
     geodesic_neighbourhood_radius: int
     field_cache_size: int
     seed: int
+    require_action_path: bool
+    action_path_heuristic_weight: float
+    action_path_turn_cost_m: float
+    action_path_max_expansions: int
 
 
 def load_config(overrides: Sequence[str] = ()) -> EpisodeConfig:
@@ -87,12 +99,30 @@ def check_config(cfg: EpisodeConfig) -> None:
                           f"required, got {cfg.success_distance}, {cfg.max_steps}, {cfg.retries_per_episode}")
     if cfg.geodesic_neighbourhood_radius < 1 or cfg.field_cache_size < 1:
         raise ConfigError("episodes: geodesic_neighbourhood_radius and field_cache_size must be >= 1")
+    if cfg.action_path_heuristic_weight < 1 or cfg.action_path_turn_cost_m < 0 or cfg.action_path_max_expansions < 1:
+        raise ConfigError(f"episodes: need action_path_heuristic_weight >= 1, action_path_turn_cost_m >= 0 "
+                          f"and action_path_max_expansions >= 1, got {cfg.action_path_heuristic_weight}, "
+                          f"{cfg.action_path_turn_cost_m}, {cfg.action_path_max_expansions}")
 
 
 def scene_goal_field(scene: Scene, category: str, cfg: EpisodeConfig) -> GoalField:
     """The cached geodesic field to the goal region of ``category`` in ``scene`` (per ``cfg``)."""
     return goal_field(scene, category, cfg.success_distance, cfg.geodesic_neighbourhood_radius,
                       cfg.field_cache_size)
+
+
+def plan_action_path(scene: Scene, goal: GoalField, pose: Pose2D, motion: Motion,
+                     cfg: EpisodeConfig) -> Optional[ActionPath]:
+    """The discrete agent's shortest walk from ``pose`` into the goal region (``None`` if none)."""
+    return shortest_action_path(scene, goal, pose.xy, pose.yaw, motion, cfg.action_path_heuristic_weight,
+                                cfg.action_path_turn_cost_m, cfg.action_path_max_expansions)
+
+
+def default_motion() -> Motion:
+    """The simulator's motion model from ``configs/sim.yaml``."""
+    from trajrag import config
+
+    return Motion.from_sim_config(config.load("sim"))
 
 
 def habitat_scene_id(scene: Scene) -> tuple[str, int]:
@@ -155,12 +185,14 @@ def _start_cells(field: GoalField, islands_ok: np.ndarray, cfg: EpisodeConfig) -
     return np.argwhere(ok)
 
 
-def generate_scene_episodes(scene: Scene, per_scene: int, cfg: EpisodeConfig, seed: int) -> list[ObjectNavEpisode]:
+def generate_scene_episodes(scene: Scene, per_scene: int, cfg: EpisodeConfig, seed: int,
+                            motion: Optional[Motion] = None) -> list[ObjectNavEpisode]:
     """``per_scene`` episodes of one scene (fewer only if some category has no valid start)."""
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(scene.name.encode())])
     categories = present_goal_categories(scene, cfg)
     if not categories or per_scene <= 0:
         return []
+    motion = motion if motion is not None else default_motion()
     islands_ok = island_radius(scene.traversable, scene.cell_size) >= cfg.min_island_radius
     pools = {}
     for name in categories:
@@ -178,40 +210,63 @@ def generate_scene_episodes(scene: Scene, per_scene: int, cfg: EpisodeConfig, se
     for i in range(per_scene):
         name = order[i % len(order)]
         field, cells, euclid = pools[name]
-        cell, fallback = _draw_start(field, cells, euclid, cfg, rng)
-        xy = scene.to_xy(cell)
-        pose = Pose2D(float(xy[0]), float(xy[1]), float(rng.uniform(-math.pi, math.pi)))
-        geodesic = float(field.distance[cell[0], cell[1]])
+        drawn = _draw_start(scene, field, cells, euclid, cfg, motion, rng)
+        if drawn is None:
+            continue
+        pose, fallback = drawn
+        cell = scene.to_cell(pose.xy)
         episode = ObjectNavEpisode.from_pose(
             episode_id=f"{scene.name}:{i}", scene_id=scene_id, scene_key=scene.name, pose=pose,
-            floor_height=scene.floor_height, category=name, geodesic_distance=geodesic,
-            floor_id=floor_id)
+            floor_height=scene.floor_height, category=name,
+            geodesic_distance=float(field.distance[cell[0], cell[1]]), floor_id=floor_id)
         episode.info["euclidean_distance"] = float(euclid[cell[0], cell[1]])
         episode.info["ratio_fallback"] = fallback
         episodes.append(episode)
     return episodes
 
 
-def _draw_start(field: GoalField, cells: np.ndarray, euclid: np.ndarray, cfg: EpisodeConfig,
-                rng: np.random.Generator) -> tuple[np.ndarray, bool]:
-    """A start cell passing the straight-line filter, or the last draw (flagged) if none did."""
-    cell = cells[0]
+def _draw_start(scene: Scene, field: GoalField, cells: np.ndarray, euclid: np.ndarray, cfg: EpisodeConfig,
+                motion: Motion, rng: np.random.Generator) -> Optional[tuple[Pose2D, bool]]:
+    """A start pose passing both filters; else the latest draw passing the action-path check,
+    flagged as a ratio fallback; else ``None``. The action path (the costly check) is planned only
+    for draws that are kept or needed as fallback."""
+    rejected: list[Pose2D] = []
     for _ in range(cfg.retries_per_episode):
         cell = cells[rng.integers(len(cells))]
+        xy = scene.to_xy(cell)
+        pose = Pose2D(float(xy[0]), float(xy[1]), float(rng.uniform(-math.pi, math.pi)))
         e = euclid[cell[0], cell[1]]
         ratio = field.distance[cell[0], cell[1]] / e if e > 0 else math.inf
-        if _keep_straight(ratio, cfg, rng):
-            return cell, False
-    return cell, True
+        if not _keep_straight(ratio, cfg, rng):
+            rejected.append(pose)
+        elif _walkable(scene, field, pose, cfg, motion):
+            return pose, False
+    for pose in reversed(rejected):
+        if _walkable(scene, field, pose, cfg, motion):
+            return pose, True
+    return None
 
 
-def generate_episodes(scenes: Sequence[Scene], per_scene: int, cfg: EpisodeConfig,
-                      seed: int) -> list[ObjectNavEpisode]:
-    """ObjectNav episodes (habitat-lab schema) for ``scenes``: ``per_scene`` each (module doc)."""
+def _walkable(scene: Scene, field: GoalField, pose: Pose2D, cfg: EpisodeConfig, motion: Motion) -> bool:
+    """Whether the discrete agent can walk from ``pose`` into the goal region (habitat-lab's
+    generator likewise drops episodes its shortest-path follower cannot finish)."""
+    if not cfg.require_action_path:
+        return True
+    path = plan_action_path(scene, field, pose, motion, cfg)
+    return path is not None and path.complete
+
+
+def generate_episodes(scenes: Sequence[Scene], per_scene: int, cfg: EpisodeConfig, seed: int,
+                      motion: Optional[Motion] = None) -> list[ObjectNavEpisode]:
+    """ObjectNav episodes (habitat-lab schema) for ``scenes``: ``per_scene`` each (module doc).
+
+    motion: the simulator's motion model for the action-path check (``None``: ``configs/sim.yaml``).
+    """
     check_config(cfg)
     if per_scene < 0:
         raise ValueError(f"per_scene must be >= 0, got {per_scene}")
+    motion = motion if motion is not None else default_motion()
     episodes = []
     for scene in scenes:
-        episodes.extend(generate_scene_episodes(scene, per_scene, cfg, seed))
+        episodes.extend(generate_scene_episodes(scene, per_scene, cfg, seed, motion))
     return episodes

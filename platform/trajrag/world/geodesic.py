@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -316,3 +317,138 @@ def goal_field(scene: Scene, category: str, success_distance: float, radius: int
     field = GoalField(scene.name, category, distance, region, scene.cell_size, int(radius))
     cache.put(key, field)
     return field
+
+
+# -- shortest action paths (the discrete agent's shortest walk) ---------------------------------
+# habitat-lab's counterpart is get_action_shortest_path (habitat/datasets/utils.py) with its
+# ShortestPathFollower; its episode generator drops episodes the follower cannot finish.
+
+@dataclass(frozen=True)
+class Motion:
+    """The simulator's motion model, as ``world/sim.py`` applies it: MOVE_FORWARD of
+    ``forward_step`` metres if the segment is free (no sliding), turns of ``turn`` radians,
+    collision samples at most ``collision_step_cells`` cells apart."""
+
+    forward_step: float
+    turn: float
+    collision_step_cells: float
+
+    @classmethod
+    def from_sim_config(cls, sim_cfg) -> "Motion":
+        """From a ``SimConfig`` (``configs/sim.yaml``)."""
+        return cls(float(sim_cfg.forward_step), math.radians(sim_cfg.turn_angle_deg),
+                   float(sim_cfg.collision_step_cells))
+
+    @property
+    def n_headings(self) -> int:
+        """Distinct headings reachable by turning (12 for 30 degrees)."""
+        return max(1, int(round(2.0 * math.pi / self.turn)))
+
+
+# Relative slack for float noise in "segment length / sample spacing" (not a tuning knob): the
+# default 0.25 m step over 0.025 m spacing is an exact integer, so the simulator's ceil() lands on
+# either side of it depending on the last bit of the segment length.
+_FLOAT_SLACK = 1e-9
+
+
+def segments_free(scene: Scene, start: np.ndarray, ends: np.ndarray, spacing_cells: float) -> np.ndarray:
+    """bool (K,): whether each segment ``start -> ends[k]`` (map frame, m; equal lengths) stays
+    on traversable cells under the simulator's rule (``GridSimulator.segment_is_free``:
+    ``ceil(length / spacing) + 1`` evenly spaced samples, both ends included). Where float noise
+    could make the simulator draw one sample more or fewer, both sample sets are checked."""
+    start = np.asarray(start, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64).reshape(-1, 2)
+    if not len(ends):
+        return np.zeros(0, dtype=bool)
+    ratio = float(np.max(np.linalg.norm(ends - start, axis=1))) / (spacing_cells * scene.cell_size)
+    counts = {int(math.ceil(ratio * (1.0 - _FLOAT_SLACK))) + 1, int(math.ceil(ratio * (1.0 + _FLOAT_SLACK))) + 1}
+    t = np.concatenate([np.linspace(0.0, 1.0, n) for n in sorted(counts)])[None, :, None]
+    points = start[None, None, :] + t * (ends[:, None, :] - start[None, None, :])
+    cells = scene.to_cell(points)
+    h, w = scene.shape
+    inside = (cells[..., 0] >= 0) & (cells[..., 0] < h) & (cells[..., 1] >= 0) & (cells[..., 1] < w)
+    free = np.zeros(cells.shape[:2], dtype=bool)
+    free[inside] = scene.traversable[cells[..., 0][inside], cells[..., 1][inside]]
+    return free.all(axis=1)
+
+
+@dataclass
+class ActionPath:
+    """A walk of forward steps: per step the heading index (turn steps counter-clockwise from
+    the start yaw) and the position (m) after it; ``complete`` if it ends in the goal region."""
+
+    headings: list[int]
+    positions: list[np.ndarray]
+    complete: bool
+    expansions: int
+
+    @property
+    def length(self) -> float:
+        """Number of forward steps (multiply by the step length for metres)."""
+        return len(self.headings)
+
+
+def shortest_action_path(scene: Scene, goal: GoalField, start_xy: np.ndarray, start_yaw: float,
+                         motion: Motion, heuristic_weight: float, turn_cost_m: float,
+                         max_expansions: int) -> Optional[ActionPath]:
+    """The shortest walk of forward steps from a pose into ``goal.region``.
+
+    A* over positions reached by ``motion.forward_step`` steps along the reachable headings
+    (``start_yaw`` + k * turn), each step checked with ``segments_free``; heuristic = the geodesic
+    field times ``heuristic_weight``; cost = metres walked + ``turn_cost_m`` per turn (a
+    tie-break); goal test = the position's cell is in the goal region. Positions are merged per
+    grid cell (first best arrival kept). After ``max_expansions`` the walk to the expanded
+    position nearest the goal is returned with ``complete=False``. ``None`` if the start cannot
+    reach the goal region at all (unreachable field, or no complete walk and no progress).
+    """
+    n = motion.n_headings
+    yaws = start_yaw + motion.turn * np.arange(n)
+    steps = motion.forward_step * np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
+    field = goal.distance
+    start_cell = tuple(int(v) for v in scene.to_cell(start_xy))
+    if not (scene.in_bounds(np.array(start_cell)) and np.isfinite(field[start_cell])):
+        return None
+    pos = {start_cell: np.asarray(start_xy, dtype=np.float64)}
+    heading = {start_cell: 0}
+    parent: dict = {start_cell: None}
+    g = {start_cell: 0.0}
+    closed: set = set()
+    counter = 0
+    heap = [(heuristic_weight * field[start_cell], counter, start_cell)]
+    best_cell, best_h = start_cell, field[start_cell]
+    expansions = 0
+    goal_cell = None
+    while heap and expansions < max_expansions:
+        _, _, cell = heapq.heappop(heap)
+        if cell in closed:
+            continue
+        closed.add(cell)
+        if goal.region[cell]:
+            goal_cell = cell
+            break
+        expansions += 1
+        if field[cell] < best_h:
+            best_cell, best_h = cell, field[cell]
+        ends = pos[cell] + steps
+        free = segments_free(scene, pos[cell], ends, motion.collision_step_cells)
+        cells = scene.to_cell(ends)
+        k0 = heading[cell]
+        for k in np.nonzero(free)[0]:
+            nxt = (int(cells[k, 0]), int(cells[k, 1]))
+            if nxt in closed:
+                continue
+            turns = abs((int(k) - k0 + n // 2) % n - n // 2)
+            cost = g[cell] + motion.forward_step + turn_cost_m * turns
+            if cost < g.get(nxt, math.inf):
+                g[nxt], pos[nxt], heading[nxt], parent[nxt] = cost, ends[k], int(k), cell
+                counter += 1
+                heapq.heappush(heap, (cost + heuristic_weight * field[nxt], counter, nxt))
+    end = goal_cell if goal_cell is not None else best_cell
+    if goal_cell is None and (not heap or end == start_cell):
+        return None  # searched everything reachable (or made no progress): the goal is out of reach
+    headings, positions = [], []
+    while parent[end] is not None:
+        headings.append(heading[end])
+        positions.append(pos[end])
+        end = parent[end]
+    return ActionPath(headings[::-1], positions[::-1], goal_cell is not None, expansions)

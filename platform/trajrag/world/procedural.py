@@ -806,6 +806,9 @@ def _check_config(cfg: ProceduralConfig) -> None:
     if cfg.door_width[0] < need:
         raise ValueError(f"procedural config: door_width min {cfg.door_width[0]} m < {need:.2f} m "
                          f"(2 * agent_radius + 2 cells): the agent could not pass a door")
+    if _cells(cfg.margin, cfg) < _wall_cells(cfg):
+        raise ValueError(f"procedural config: margin {cfg.margin} m must be at least wall_thickness "
+                         f"{cfg.wall_thickness} m so the outer walls lie inside the grid")
     if cfg.max_retries < 1 or cfg.placement_attempts < 1:
         raise ValueError("procedural config: max_retries and placement_attempts must be >= 1")
 

@@ -44,6 +44,9 @@ from trajrag.world.scene import NO_CATEGORY, NO_INSTANCE, Scene
 WALL = -1  # cell code of walls and out-of-bounds cells
 NOTHING = -2  # pixel code where nothing is hit in range, or the ceiling is nearer
 
+# Brightness steps of the synthetic RGB: 256, one per uint8 grey level.
+_SHADE_LEVELS = 256
+
 # A wall's top, relative to the camera, in metres. It must beat every object and stay finite:
 # an infinite top would turn into inf * 0 = nan in the depth arithmetic.
 _WALL_TOP = 1.0e6
@@ -82,7 +85,8 @@ class SceneRaster:
     sentinel ray sample points to.
 
     top_rel: float32 per code, top height minus camera height (metres; walls ``_WALL_TOP``).
-    category: int16 per code, the category id to report. colour: float32 (n + 3, 3) in [0, 1].
+    category: int16 per code, the category id to report. colour: uint8 RGB per code and
+    brightness level (see ``Renderer._colours``), or None if prepared without RGB.
     padded_width: columns of the padded grid; pad: wall cells added on each side.
     """
 
@@ -94,7 +98,7 @@ class SceneRaster:
     origin: tuple[float, float]
     top_rel: np.ndarray
     category: np.ndarray
-    colour: np.ndarray
+    colour: Optional[np.ndarray]
 
 
 def object_heights_per_instance(scene: Scene, heights: Mapping[str, float], default: float) -> np.ndarray:
@@ -126,6 +130,8 @@ class Renderer:
             raise ValueError(f"sim: need 0 < min_depth < max_depth, got {cam.min_depth}, {cam.max_depth}")
         if wall_height <= cam.camera_height:
             raise ValueError(f"sim: wall_height {wall_height} m must exceed camera_height {cam.camera_height} m")
+        if cam.height > np.iinfo(np.int16).max:
+            raise ValueError(f"sim: image height {cam.height} px is above the renderer's int16 row counts")
         if not 0 < ray_step_cells <= 1:
             raise ValueError(f"sim: ray_step_cells must be in (0, 1], got {ray_step_cells}")
         self.intrinsics = cam
@@ -179,8 +185,13 @@ class Renderer:
         return buf
 
     # -- scene precomputation ---------------------------------------------------------------
-    def prepare(self, scene: Scene, heights: Mapping[str, float], default_height: float) -> SceneRaster:
-        """Pad the scene with walls and build its code grid and per-code tables."""
+    def prepare(self, scene: Scene, heights: Mapping[str, float], default_height: float,
+                with_rgb: bool) -> SceneRaster:
+        """Pad the scene with walls and build its code grid and per-code tables.
+
+        heights: category name -> column height in metres; default_height for other names.
+        with_rgb: also build the colour table (needed to render RGB; it imports matplotlib).
+        """
         rays = self.rays(scene.cell_size)
         n_inst = len(scene.instance_category) - 1
         if scene.instance_map.size and int(scene.instance_map.max()) > n_inst:
@@ -205,40 +216,44 @@ class Renderer:
             code_flat=np.append(code.ravel(), np.int32(NOTHING)),
             padded_width=code.shape[1], pad=rays.pad, cell_size=scene.cell_size,
             origin=(float(scene.origin[0]), float(scene.origin[1])),
-            top_rel=top, category=category, colour=self._colours(category),
+            top_rel=top, category=category, colour=self._colours(category) if with_rgb else None,
         )
 
     def _colours(self, category: np.ndarray) -> np.ndarray:
-        """Base colour per code: the palette colour of its category; greys for the structure."""
+        """Colour table (n_codes * _SHADE_LEVELS, 3) uint8: row ``(code + 2) * L + level`` is the
+        code's base colour (its category's palette colour; greys for the structure) at brightness
+        ``level / (L - 1)``."""
         from matplotlib import colormaps  # only for the palette; imported lazily (slow import)
 
         cfg = self.rgb_config
         cmap = colormaps[cfg.palette]
-        n_pal = cmap.N
-        colour = np.empty((len(category), 3), dtype=np.float32)
+        base = np.empty((len(category), 3), dtype=np.float64)
         for code, cat in enumerate(category):
-            colour[code] = cmap(int(cat) % n_pal)[:3] if cat >= 0 else cfg.wall_grey
-        colour[0] = cfg.floor_grey
-        colour[WALL] = cfg.wall_grey
-        colour[NOTHING] = cfg.ceiling_grey
-        return colour
+            base[code] = cmap(int(cat) % cmap.N)[:3] if cat >= 0 else cfg.wall_grey
+        base[0] = cfg.floor_grey
+        base[WALL] = cfg.wall_grey
+        base[NOTHING] = cfg.ceiling_grey
+        base = np.roll(base, -NOTHING, axis=0)  # code -2 first, as _shade indexes it
+        levels = np.linspace(0.0, 1.0, _SHADE_LEVELS)
+        table = np.rint(base[:, None, :] * levels[None, :, None] * 255.0)
+        return table.reshape(-1, 3).astype(np.uint8)
 
     # -- per frame --------------------------------------------------------------------------
-    def render(self, raster: SceneRaster, x: float, y: float, yaw: float, with_rgb: bool):
+    def render(self, raster: SceneRaster, x: float, y: float, yaw: float, with_rgb: bool
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Render the view from map-frame ``(x, y)`` (metres) with heading ``yaw`` (radians).
 
         Returns ``(depth, instance, category, rgb)``: float32 z-depth in metres clipped to
         [min_depth, max_depth], int32 instance ids, int16 category ids, uint8 (H, W, 3) or None.
         """
+        if with_rgb and raster.colour is None:
+            raise ValueError(f"scene {raster.scene_name} was prepared without RGB; prepare(..., with_rgb=True)")
         cam = self.intrinsics
         w, h = cam.width, cam.height
         rays = self.rays(raster.cell_size)
         n = rays.z.shape[0]  # samples + sentinel
         codes, cells_x = self._march(raster, rays, x, y, yaw, with_rgb)
-        rows_covered = self._rows_covered(raster, rays, codes)
-        runs = self._buffer("runs", (w, n), np.int32)
-        runs[:, 0] = rows_covered[:, 0]
-        np.subtract(rows_covered[:, 1:], rows_covered[:, :-1], out=runs[:, 1:])
+        runs = self._run_lengths(raster, rays, codes)
         # Pixels in column-major, bottom-up order: pixel (c, b) is image (h - 1 - b, c).
         counts = runs.ravel()
         code_px = np.repeat(codes.ravel(), counts).reshape(w, h)
@@ -317,8 +332,8 @@ class Renderer:
         still_in_y = np.zeros_like(crossed_y)
         still_in_x[:, 1:] = raster.code_flat[undo_x] == codes[:, 1:]
         still_in_y[:, 1:] = raster.code_flat[undo_y] == codes[:, 1:]
-        frac_x = colf - col
-        frac_y = rowf - row
+        frac_x = colf - np.floor(colf)  # float32 (colf - col would promote to float64)
+        frac_y = rowf - np.floor(rowf)
         np.subtract(1.0, frac_x, out=frac_x, where=(step_col < 0)[:, None])
         np.subtract(1.0, frac_y, out=frac_y, where=(step_row < 0)[:, None])
         # distance back to each crossing in units of z is frac / |step|; compare without dividing
@@ -326,12 +341,14 @@ class Renderer:
         x_entered = np.where(still_in_x == still_in_y, x_earlier == still_in_x, still_in_y)
         return np.where(crossed_x & crossed_y, x_entered, crossed_x).ravel()
 
-    def _rows_covered(self, raster: SceneRaster, rays: _Rays, codes: np.ndarray) -> np.ndarray:
-        """Rows (from the bottom) covered by samples 0..i, per column: (W, S + 1) int32.
+    def _run_lengths(self, raster: SceneRaster, rays: _Rays, codes: np.ndarray) -> np.ndarray:
+        """Rows painted by each ray sample, per column: (W, S + 1) int16, each row summing to H.
 
-        Row ``b`` (slope ``y_b = (b + 0.5 - H/2) / f``) is covered by sample ``i`` iff
-        ``y_b <= s_i``, i.e. ``b < f * s_i + H/2 + 0.5``; the count is that, floored and clipped
-        to [0, H], then made non-decreasing (the running max of ``s``).
+        Row ``b`` from the bottom (slope ``y_b = (b + 0.5 - H/2) / f``) is covered by sample
+        ``i`` iff ``y_b <= s_i``, i.e. ``b < f * s_i + H/2 + 0.5``; the rows covered by samples
+        ``0..i`` are the running max of that count (floored, clipped to [0, H]), and sample
+        ``i`` paints the increase. The running max runs sample-major, (S + 1, W) in int16, by
+        doubling: contiguous vector passes, several times faster than ``maximum.accumulate``.
         """
         w, h = self.intrinsics.width, self.intrinsics.height
         n = rays.z.shape[0]
@@ -341,21 +358,24 @@ class Renderer:
         u *= rays.inv_z
         u += np.float32(h / 2.0 + 0.5)
         np.clip(u, 0, h, out=u)
-        covered = self._buffer("covered", (w, n), np.int32)
-        covered[...] = u
-        covered[:, -1] = h  # the sentinel paints every row left
-        return self._running_max(covered)
+        covered = self._buffer("covered", (n, w), np.int16)
+        covered[...] = u.T
+        covered[-1] = h  # the sentinel paints every row left
+        covered = self._running_max(covered)
+        runs_t = self._buffer("runs_t", (n, w), np.int16)
+        runs_t[0] = covered[0]
+        np.subtract(covered[1:], covered[:-1], out=runs_t[1:])
+        runs = self._buffer("runs", (w, n), np.int16)
+        runs[...] = runs_t.T
+        return runs
 
     def _running_max(self, a: np.ndarray) -> np.ndarray:
-        """Running maximum along axis 1 by doubling (log2(S) vectorised passes).
-
-        ``np.maximum.accumulate`` runs a scalar loop per row and is several times slower here.
-        """
+        """Running maximum along axis 0 by doubling (log2(S) passes); may return a buffer."""
         b = self._buffer("running_max", a.shape, a.dtype)
         k = 1
-        while k < a.shape[1]:
-            b[:, :k] = a[:, :k]
-            np.maximum(a[:, k:], a[:, :-k], out=b[:, k:])
+        while k < a.shape[0]:
+            b[:k] = a[:k]
+            np.maximum(a[k:], a[:-k], out=b[k:])
             a, b = b, a
             k *= 2
         return a
@@ -387,11 +407,20 @@ class Renderer:
 
     def _shade(self, raster: SceneRaster, code_px: np.ndarray, depth_cb: np.ndarray,
                top_hit: np.ndarray, x_face: np.ndarray) -> np.ndarray:
-        """Synthetic RGB (H, W, 3) uint8: base colour x face/top shade x distance falloff."""
+        """Synthetic RGB (H, W, 3) uint8: base colour x face/top shade x distance falloff.
+
+        The brightness is quantised to ``_SHADE_LEVELS`` and looked up in the raster's colour
+        table, so the image is one gather of 3-byte rows instead of float arithmetic per channel.
+        """
         cfg = self.rgb_config
         shade = np.where(x_face, np.float32(cfg.x_face_shade), np.float32(cfg.y_face_shade))
-        shade[top_hit] = cfg.top_shade
-        shade *= 1.0 - cfg.distance_falloff * (depth_cb / self.intrinsics.max_depth)
-        colour = raster.colour.take(code_px, axis=0, mode="wrap") * shade[..., None]
-        rgb = np.clip(colour * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return np.ascontiguousarray(rgb[:, ::-1].transpose(1, 0, 2))
+        np.copyto(shade, np.float32(cfg.top_shade), where=top_hit)
+        falloff = depth_cb * np.float32(-cfg.distance_falloff / self.intrinsics.max_depth)
+        falloff += np.float32(1.0)
+        shade *= falloff
+        shade *= np.float32(_SHADE_LEVELS - 1)
+        shade += np.float32(0.5)
+        index = code_px - np.int32(NOTHING)  # codes -2.. -> rows 0.. of the colour table
+        index *= _SHADE_LEVELS
+        index += shade.astype(np.int32)
+        return raster.colour.take(np.ascontiguousarray(index[:, ::-1].T), axis=0)

@@ -138,7 +138,8 @@ class GridSimulator:
             raise ValueError(f"scene {scene.name}: start pose (x={pose.x:.3f} m, y={pose.y:.3f} m, "
                              f"yaw={pose.yaw:.3f} rad) is not on the traversable area")
         if scene is not self._scene:
-            self._raster = self._renderer.prepare(scene, self.cfg.object_heights, self.cfg.default_object_height)
+            self._raster = self._renderer.prepare(scene, self.cfg.object_heights,
+                                                  self.cfg.default_object_height, self._with_rgb)
             self._scene = scene
         self._pose = pose
         return self.render()

@@ -30,11 +30,13 @@ def scene_image(scene: Scene) -> np.ndarray:
     return image
 
 
-def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_rooms: bool = True) -> Path:
+def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_rooms: bool = True,
+                     paths: dict[str, np.ndarray] | None = None, title: str | None = None) -> Path:
     """Write a top-down picture of ``scene`` to ``path`` (PNG) and return the path.
 
     Drawn with ``origin="lower"`` in metres (map frame), a legend of the categories present, and
-    room names from ``scene.meta["rooms"]`` when there are any.
+    room names from ``scene.meta["rooms"]`` when there are any. ``paths`` maps a label to an
+    (N, 2) map-frame track in metres (an agent's walk), drawn with its start and end marked.
     """
     path = Path(path)
     h, w = scene.shape
@@ -47,9 +49,16 @@ def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_roo
             bx0, by0, bx1, by1 = room["bbox"]
             ax.text((bx0 + bx1) / 2, (by0 + by1) / 2, room["name"], ha="center", va="center",
                     fontsize=6, color="black", alpha=0.7)
-    handles = [Patch(color=_PALETTE[scene.category_id(c) % len(_PALETTE)], label=c) for c in scene.present_categories()]
+    lines = []
+    for label, track in (paths or {}).items():
+        track = np.asarray(track, dtype=float).reshape(-1, 2)
+        (line,) = ax.plot(track[:, 0], track[:, 1], lw=1.4, label=label)
+        ax.plot(track[0, 0], track[0, 1], "o", color=line.get_color(), ms=5)
+        ax.plot(track[-1, 0], track[-1, 1], "*", color=line.get_color(), ms=9)
+        lines.append(line)
+    handles = lines + [Patch(color=_PALETTE[scene.category_id(c) % len(_PALETTE)], label=c) for c in scene.present_categories()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-    ax.set_title(scene.name, fontsize=9)
+    ax.set_title(title or scene.name, fontsize=9)
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
     fig.tight_layout()

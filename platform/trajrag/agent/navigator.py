@@ -1,0 +1,219 @@
+"""The navigation loop (paper Sec. 3.3) with a pluggable planner.
+
+Each step: perception + mapping (``MapBuilder``); once the goal category is on the map, walk to
+it and STOP within ``stop_distance_m``; otherwise explore: at a *decision* (a new topo node
+reached, the waypoint reached or unreachable, or too long on one waypoint) extract frontiers,
+build the candidate paths over the current topo-polar graph (BFS) and let the planner pick one;
+its frontier becomes the waypoint of the A* local policy, which emits the discrete actions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from trajrag.agent.map_builder import MapBuilder
+from trajrag.mapping.frontiers import Frontier, find_frontiers
+from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
+from trajrag.planners.base import Planner, PlannerContext
+from trajrag.topo.candidates import step_candidates
+from trajrag.topo.trajectory import TopoGraph
+from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.interface import Action, Observations
+from trajrag.world.scene import Scene
+
+
+@dataclass
+class NavigatorConfig:
+    """``configs/navigator.yaml``: the agent vocabulary and the decision rules (units in names)."""
+
+    vocabulary: list[str]
+    initial_spin_turns: int
+    stop_distance_m: float
+    goal_min_cells: int
+    node_reach_radius_m: float
+    max_steps_per_waypoint: int
+    blacklist_radius_m: float
+
+
+@dataclass
+class NavigatorStats:
+    """Counters for one episode (planner calls, fallbacks, timings in ms)."""
+
+    decisions: int = 0
+    planner_calls: int = 0
+    no_candidate_fallbacks: int = 0
+    unreachable_waypoints: int = 0
+    step_ms: list[float] = field(default_factory=list)
+    decision_ms: list[float] = field(default_factory=list)
+
+
+class Navigator:
+    """An ObjectNav agent: ``reset(episode, scene)`` then ``act(observations) -> Action``."""
+
+    def __init__(self, planner: Planner, builder: MapBuilder, policy: LocalPolicy, cfg: NavigatorConfig,
+                 mapping_cfg, topo_cfg, seed: int = 0) -> None:
+        self.planner = planner
+        self.builder = builder
+        self.policy = policy
+        self.cfg = cfg
+        self.mapping_cfg = mapping_cfg
+        self.topo_cfg = topo_cfg
+        self.seed = seed
+        self.stats = NavigatorStats()
+
+    # -- episode ------------------------------------------------------------------------------
+    def reset(self, episode: ObjectNavEpisode, scene: Scene) -> None:
+        if episode.object_category not in self.builder.vocabulary:
+            raise ValueError(f"episode {episode.episode_id}: goal {episode.object_category!r} is not in the "
+                             f"agent vocabulary {list(self.builder.vocabulary)} (configs/navigator.yaml)")
+        episode_seed = self.seed + _stable_hash(f"{episode.scene_key}/{episode.episode_id}")
+        self.builder.reset(episode, scene, episode_seed)
+        self.planner.reset(episode.object_category, episode_seed)
+        self.policy.reset()
+        self.goal = episode.object_category
+        self.goal_channel = self.builder.vocabulary.index(self.goal)
+        self.spin_left = self.cfg.initial_spin_turns
+        self.step = 0
+        self.waypoint: Optional[np.ndarray] = None
+        self.graph: Optional[TopoGraph] = None
+        self.decision_node = -1
+        self.steps_on_waypoint = 0
+        self.blacklist: list[np.ndarray] = []
+        self.goal_blocked = False
+        self.stats = NavigatorStats()
+
+    def act(self, obs: Observations) -> Action:
+        start = time.perf_counter()
+        action = self._act(obs)
+        self.stats.step_ms.append((time.perf_counter() - start) * 1e3)
+        self.step += 1
+        return action
+
+    def _act(self, obs: Observations) -> Action:
+        self.builder.observe(obs)
+        if self.spin_left > 0:  # a first look around, as SemExp / VLFM do, so frontiers are real
+            self.spin_left -= 1
+            return Action.TURN_LEFT
+        sem, pose = self.builder.map, obs.pose
+        goal_xy = None if self.goal_blocked else self._nearest_goal_cell(pose)
+        if goal_xy is not None:
+            if np.linalg.norm(goal_xy - pose.xy) <= self.cfg.stop_distance_m:
+                return Action.STOP
+            result = self.policy.act(sem, pose, goal_xy)
+            if result.action is not None:
+                return result.action
+            if result.status == PolicyStatus.REACHED:
+                return Action.STOP
+            self.goal_blocked = True  # seen but unreachable from here: keep exploring
+            self.waypoint = None
+        return self._explore(obs)
+
+    # -- exploration ----------------------------------------------------------------------------
+    def _explore(self, obs: Observations) -> Action:
+        for _ in range(2):  # a decision, then at most one re-decision if its waypoint fails at once
+            if self._needs_decision(obs):
+                if not self._decide(obs):
+                    return Action.STOP  # nothing left to explore and no goal seen
+            result = self.policy.act(self.builder.map, obs.pose, self.waypoint)
+            self.steps_on_waypoint += 1
+            if result.action is not None:
+                return result.action
+            if result.status == PolicyStatus.UNREACHABLE:
+                self.stats.unreachable_waypoints += 1
+                self.blacklist.append(self.waypoint)
+            self.waypoint = None
+        return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
+
+    def _needs_decision(self, obs: Observations) -> bool:
+        if self.waypoint is None or self.steps_on_waypoint >= self.cfg.max_steps_per_waypoint:
+            return True
+        return self._current_node(obs.pose.xy) not in (-1, self.decision_node)
+
+    def _current_node(self, xy: np.ndarray) -> int:
+        """The graph node within ``node_reach_radius_m`` of ``xy``, or -1."""
+        if self.graph is None or len(self.graph) == 0:
+            return -1
+        distances = np.linalg.norm(self.graph.xy - xy, axis=1)
+        k = int(np.argmin(distances))
+        return k if distances[k] <= self.cfg.node_reach_radius_m else -1
+
+    def _decide(self, obs: Observations) -> bool:
+        """Pick the next waypoint; False when no frontier is left."""
+        start = time.perf_counter()
+        self.stats.decisions += 1
+        sem, pose = self.builder.map, obs.pose
+        frontiers = [f for f in find_frontiers(sem, self.mapping_cfg, agent_xy=pose.xy) if not self._blacklisted(f)]
+        if not frontiers:
+            return False
+        episode = self.builder.episode
+        trajectory, candidates, self.graph = step_candidates(
+            sem, np.asarray(self.builder.poses), frontiers, self.goal, self.topo_cfg,
+            reference_yaw=episode.start_pose().yaw, episode_id=str(episode.episode_id), scene_id=episode.scene_key)
+        if candidates:
+            self.stats.planner_calls += 1
+            ctx = PlannerContext(self.goal, self.step, pose, sem, trajectory, candidates, frontiers)
+            choice = self.planner.choose(ctx)
+            frontier = frontiers[candidates[choice].frontier_index]
+        else:  # no frontier reachable over the graph yet: the nearest one in a straight line
+            self.stats.no_candidate_fallbacks += 1
+            frontier = min(frontiers, key=lambda f: float(np.linalg.norm(f.centroid_xy - pose.xy)))
+        self.waypoint = np.asarray(frontier.centroid_xy, dtype=np.float64)
+        self.decision_node = self._current_node(pose.xy)
+        self.steps_on_waypoint = 0
+        self.stats.decision_ms.append((time.perf_counter() - start) * 1e3)
+        return True
+
+    def _blacklisted(self, frontier: Frontier) -> bool:
+        return any(np.linalg.norm(frontier.centroid_xy - bad) <= self.cfg.blacklist_radius_m for bad in self.blacklist)
+
+    def _nearest_goal_cell(self, pose) -> Optional[np.ndarray]:
+        """Map-frame metres of the mapped goal cell nearest the agent, once enough are mapped."""
+        channel = self.builder.map.objects[self.goal_channel]
+        cells = np.argwhere(channel)
+        if len(cells) < self.cfg.goal_min_cells:
+            return None
+        xy = self.builder.map.to_xy(cells)
+        return xy[int(np.argmin(np.linalg.norm(xy - pose.xy, axis=1)))]
+
+    def topo_trajectory(self, success: bool):
+        """The finished episode as a topo-polar trajectory (for export and the memory)."""
+        return self.builder.topo_trajectory(success)
+
+
+def _stable_hash(text: str) -> int:
+    """A run-to-run stable 31-bit hash (Python's ``hash`` is salted per process)."""
+    import zlib
+
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+# -- factories (agent/registry.py) ------------------------------------------------------------
+def make_navigator(planner: Planner, sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
+    """A navigator with every part configured from ``configs/`` (+ overrides)."""
+    from trajrag import config
+    from trajrag.world.sim import intrinsics_of
+
+    cfg: NavigatorConfig = config.load("navigator", overrides)
+    mapping_cfg = config.load("mapping", overrides)
+    topo_cfg = config.load("topo", overrides)
+    builder = MapBuilder(cfg.vocabulary, intrinsics_of(sim_cfg), mapping_cfg,
+                         config.load("perception", overrides), topo_cfg)
+    policy = LocalPolicy(config.load("policy", overrides), sim_cfg.forward_step, math.radians(sim_cfg.turn_angle_deg))
+    return Navigator(planner, builder, policy, cfg, mapping_cfg, topo_cfg, seed)
+
+
+def make_frontier_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
+    from trajrag.planners.frontier import NearestFrontierPlanner
+
+    return make_navigator(NearestFrontierPlanner(), sim_cfg, overrides, seed)
+
+
+def make_random_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
+    from trajrag.planners.frontier import RandomFrontierPlanner
+
+    return make_navigator(RandomFrontierPlanner(), sim_cfg, overrides, seed)
