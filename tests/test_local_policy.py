@@ -161,6 +161,9 @@ def test_policy_recovers_from_an_unmapped_obstacle(policy):
     assert result.status == PolicyStatus.REACHED
     assert sim.collisions >= 1 and PolicyStatus.RECOVERING in statuses
     assert policy.collision.any(), "the bumped obstacle is remembered in the collision layer"
+    next_episode = SemanticMap.empty(sem.shape, sem.categories, CELL, (1.0, 1.0))
+    policy.act(next_episode, Pose2D(3.0, 3.0, 0.0), np.array([4.0, 3.0]))
+    assert not policy.collision.any(), "a new episode's map starts with a clean collision layer"
 
 
 def test_policy_gives_up_when_every_move_collides(policy):

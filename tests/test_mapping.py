@@ -31,7 +31,9 @@ def _rays(intr: CameraIntrinsics) -> tuple[np.ndarray, np.ndarray]:
     return x_c, y_r
 
 
-def render_depth(walls: np.ndarray, origin: tuple[float, float], pose: Pose2D, intr: CameraIntrinsics = INTR) -> np.ndarray:
+def render_depth(
+    walls: np.ndarray, origin: tuple[float, float], pose: Pose2D, intr: CameraIntrinsics = INTR
+) -> np.ndarray:
     """Z-depth of full-height walls (bool grid, ``CELL`` cells) over a flat floor, habitat-clipped."""
     x_c, y_r = _rays(intr)
     c, s = math.cos(pose.yaw), math.sin(pose.yaw)
@@ -173,6 +175,7 @@ def test_bad_frames_give_clear_errors_or_no_update(cfg):
         mapper.update(np.ones((10, 10), dtype=np.float32), None, pose)
     with pytest.raises(ValueError, match="masks"):
         mapper.update(wall_ahead_depth(2.0), np.zeros((3, 480, 640), dtype=bool), pose)
+    assert not mapper.map.explored.any(), "a frame with bad masks is rejected before anything is mapped"
 
 
 def test_map_is_centred_on_the_start(cfg):
@@ -192,13 +195,17 @@ def test_config_rejects_a_bad_band(cfg):
 
 def test_dilate_disk_matches_scipy():
     from scipy import ndimage as ndi
-    from skimage.morphology import disk
 
     rng = np.random.default_rng(0)
     mask = rng.random((60, 70)) < 0.02
-    for radius in (1, 3.6, 5):
-        expected = ndi.binary_dilation(mask, disk(int(radius)))
-        assert np.array_equal(dilate_disk(mask, radius), expected)
+    mask[0, 0] = mask[-1, 5] = True  # dilation at the borders
+    for radius in (0.5, 1, 2.0000000000000004, 3.6, 5):
+        r = int(radius + 1e-6)
+        d = np.arange(-r, r + 1)
+        footprint = d[:, None] ** 2 + d[None, :] ** 2 <= radius**2 + 1e-6
+        assert np.array_equal(dilate_disk(mask, radius), ndi.binary_dilation(mask, footprint)), radius
+    # 0.18 m agent radius on 5 cm cells: cells whose centre is within 0.18 m of an obstacle cell's.
+    assert dilate_disk(np.pad([[True]], 5), 0.18 / 0.05).sum() == 37
 
 
 # -- frontiers -------------------------------------------------------------------------------------
@@ -218,7 +225,8 @@ def test_frontier_of_a_half_explored_room_is_the_boundary(cfg):
     assert len(frontiers) == 1
     f = frontiers[0]
     assert np.all(f.cells[:, 1] == 39), "frontier cells are the last explored column"
-    assert f.size == 78, "the whole boundary between the room's walls"
+    clearance = round(cfg.frontier.obstacle_clearance_m / CELL)
+    assert f.size == 78 - 2 * clearance, "the whole boundary between the room's walls, less the clearance"
     assert sem.free()[tuple(f.centroid_cell)], "the representative point lies on the frontier"
     assert any((f.cells == f.centroid_cell).all(axis=1))
     assert abs(f.centroid_xy[1] - 2.5) < 0.1 and abs(f.centroid_xy[0] - 1.975) < 1e-9
@@ -253,3 +261,68 @@ def test_frontiers_from_a_mapped_frame_are_on_the_view_boundary(cfg):
         assert sem.free()[r, c].all()
         touches = unexplored[r - 1, c] | unexplored[r + 1, c] | unexplored[r, c - 1] | unexplored[r, c + 1]
         assert touches.all(), "every frontier cell borders unexplored space"
+
+
+# -- against the real simulator (the camera contract of world/sim.py) ------------------------------
+def _two_room_scene():
+    from trajrag.world.scene import Scene
+
+    n = 120  # 6 x 6 m
+    floor = np.zeros((n, n), dtype=bool)
+    floor[2:-2, 2:-2] = True
+    floor[60:62, 2:80] = False  # partition with a gap on the right
+    instance = np.zeros((n, n), dtype=np.int32)
+    instance[20:30, 20:30] = 1  # chair, bottom left (rows are y)
+    instance[35:55, 85:110] = 2  # bed, bottom right
+    categories = ("chair", "bed")
+    instance_category = np.array([-1, 0, 1], dtype=np.int16)
+    traversable = ~dilate_disk(~(floor & (instance == 0)), 0.18 / CELL)
+    return Scene(
+        name="test/two_rooms",
+        categories=categories,
+        traversable=traversable,
+        floor=floor,
+        instance_map=instance,
+        category_map=instance_category[instance],
+        instance_category=instance_category,
+        cell_size=CELL,
+        origin=(0.0, 0.0),
+    )
+
+
+def test_maps_of_simulator_frames_agree_with_the_scene(cfg):
+    from scipy import ndimage as ndi
+
+    from trajrag.perception.oracle import OracleSegmenter
+    from trajrag.world.sim import GridSimulator
+
+    scene = _two_room_scene()
+    sim = GridSimulator(config.load("sim"))
+    vocab = ("bed", "chair")
+    seg = OracleSegmenter(vocab, scene.categories, config.load("perception"), seed=0)
+    mapper = SemanticMapper(cfg, sim.intrinsics, vocab)
+    start = Pose2D(3.0, 2.0, 0.0)
+    obs = sim.reset(scene, start)
+    mapper.reset(start)
+    for _ in range(12):  # a full turn in place
+        mapper.update(obs.depth, seg.segment(obs), obs.pose)
+        obs = sim.step(2)  # TURN_LEFT
+    sem = mapper.map
+
+    def scene_cells(mask: np.ndarray) -> np.ndarray:
+        cells = scene.to_cell(sem.to_xy(np.argwhere(mask)))
+        assert scene.in_bounds(cells).all()
+        return cells
+
+    solid = ndi.binary_dilation(~scene.floor | (scene.instance_map > 0), iterations=2)
+    obstacle = scene_cells(sem.obstacle)
+    assert len(obstacle) > 200
+    assert solid[obstacle[:, 0], obstacle[:, 1]].mean() > 0.98, "obstacles lie on walls and objects"
+    free = scene_cells(sem.free())
+    assert scene.floor[free[:, 0], free[:, 1]].mean() > 0.98, "free space lies on the floor"
+    above = free[:, 0] > 62
+    assert not above.any() or free[above, 1].min() >= 75, "nothing seen through the partition"
+    for name in vocab:
+        cells = scene_cells(sem.object_channel(name))
+        near = ndi.binary_dilation(scene.category_map == scene.categories.index(name), iterations=2)
+        assert len(cells) > 5 and near[cells[:, 0], cells[:, 1]].all(), f"{name} lands on the {name}"

@@ -94,8 +94,8 @@ def test_plus_and_t_corridors_have_exactly_one_junction_at_the_crossing(cfg):
     corridor(tee, (0.5, 3.5), (6.5, 3.5), 1.0)
     corridor(tee, (3.5, 0.5), (3.5, 3.5), 1.0)
     for free in (plus, tee):
-        for prune in (0.0, cfg.min_branch_m):
-            nodes = junction_nodes(free, CS, cfg.d_min_m, min_branch_m=prune)
+        for prune, factor in ((0.0, 0.0), (cfg.min_branch_m, cfg.spur_clearance_factor)):
+            nodes = junction_nodes(free, CS, cfg.d_min_m, min_branch_m=prune, clearance_factor=factor)
             assert len(nodes) == 1
             assert np.linalg.norm(cell_xy(nodes[0]) - (3.5, 3.5)) < 0.15
         # Through the map-level path too (crop, cleaning, config), junctions only:
@@ -117,6 +117,20 @@ def test_junctions_closer_than_d_min_merge(cfg, offset, expected):
     nodes = junction_nodes(free, CS, 0.5)
     assert len(nodes) == expected
     assert cfg.d_min_m == 0.5  # the paper's value is the shipped default
+
+
+def test_a_notch_in_a_corridor_wall_makes_no_junction(cfg):
+    # A 0.3 m deep recess in the wall grows a skeleton spur, i.e. a junction mid-corridor; the
+    # spur pruning of the shipped config removes it (only the fallback node, near the agent, is left).
+    free = np.zeros((100, 160), bool)
+    corridor(free, (0.5, 2.5), (7.5, 2.5), 1.0)
+    free[cells(3.0) : cells(3.3), cells(3.8) : cells(4.2)] = True
+    anchor = np.array([cells(2.5), cells(1.0)])
+    plain = junction_nodes(free, CS, cfg.d_min_m, anchor_cell=anchor)
+    assert len(plain) == 1 and abs(cell_xy(plain[0])[0] - 4.0) < 0.15  # the spur's junction
+    pruned = junction_nodes(free, CS, cfg.d_min_m, min_branch_m=cfg.min_branch_m,
+                            clearance_factor=cfg.spur_clearance_factor, anchor_cell=anchor)
+    assert len(pruned) == 1 and abs(cell_xy(pruned[0])[0] - 1.0) < 0.15  # no junction: the fallback
 
 
 def test_corridor_without_junction_still_has_one_node_near_the_agent(cfg):
@@ -158,7 +172,10 @@ def test_walking_around_a_ring_loses_the_loop(cfg):
     sem_map = ring_map()
     # Start at the bottom junction, go once around the ring back to it, then down its stub.
     poses = polyline([(4, 2), (6, 2), (6, 4), (6, 6), (4, 6), (2, 6), (2, 4), (2, 2), (4, 2), (4, 0.8)])
-    graph = topo_graph(sem_map, cfg, with_edges=False)
+    graph = topo_graph(sem_map, cfg)
+    # The graph: 4 junctions on the ring (degree 3: two ring neighbours and a stub), 4 stub ends.
+    degree = np.bincount(graph.edges.ravel(), minlength=len(graph))
+    assert len(graph) == 8 and sorted(degree.tolist()) == [1, 1, 1, 1, 3, 3, 3, 3]
     raw = merge_consecutive(assign_nodes(poses[:, :2], graph.xy))
     assert len(raw) > len(set(raw.tolist()))  # the walk did visit a node twice: there is a loop
     traj = build_topo_polar(sem_map, poses, "bed", cfg, episode_id="7", scene_id="ring")

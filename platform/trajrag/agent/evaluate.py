@@ -62,7 +62,7 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     with run.records.open("a") as sink:
         for episode in tqdm(todo, desc=f"eval {name}", unit="ep", disable=not progress):
             result = run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=episode_cfg)
-            record = _record(result)
+            record = _record(result, agent)
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             done[(record["scene_key"], record["episode_id"])] = record
@@ -73,8 +73,18 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     return summary
 
 
-def _record(result: EpisodeResult) -> dict:
+def _record(result: EpisodeResult, agent) -> dict:
+    """The JSONL record of one episode: metrics, raw trajectory (poses, actions, outcome) and,
+    for agents that map what they see, the topo-polar trajectory and its description."""
     record = result.to_dict()
+    if hasattr(agent, "topo_trajectory"):
+        from trajrag.topo.describe import describe
+
+        topo = agent.topo_trajectory(success=result.metrics.success)
+        record["topo_polar"] = topo.to_dict()
+        record["description"] = describe(topo)
+        if hasattr(agent, "stats"):
+            record["agent_stats"] = {k: v for k, v in vars(agent.stats).items() if not isinstance(v, list)}
     metrics = record["metrics"]
     if not math.isfinite(metrics["distance_to_goal"]):
         metrics["distance_to_goal"] = None  # JSON has no inf; read back as unreachable

@@ -125,7 +125,10 @@ class Navigator:
                 return result.action
             if result.status == PolicyStatus.UNREACHABLE:
                 self.stats.unreachable_waypoints += 1
-                self.blacklist.append(self.waypoint)
+            # Reached or unreachable, the frontier there is spent: a frontier that persists
+            # under the agent's feet borders space it cannot see (behind furniture, say), and
+            # choosing it again would loop forever.
+            self.blacklist.append(self.waypoint)
             self.waypoint = None
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
 
@@ -173,11 +176,15 @@ class Navigator:
 
     def _nearest_goal_cell(self, pose) -> Optional[np.ndarray]:
         """Map-frame metres of the mapped goal cell nearest the agent, once enough are mapped."""
-        channel = self.builder.map.objects[self.goal_channel]
-        cells = np.argwhere(channel)
+        sem = self.builder.map
+        bbox = sem.explored_bbox()
+        if bbox is None:
+            return None
+        r0, r1, c0, c1 = bbox  # objects are only mapped inside the explored area
+        cells = np.argwhere(sem.objects[self.goal_channel, r0:r1, c0:c1])
         if len(cells) < self.cfg.goal_min_cells:
             return None
-        xy = self.builder.map.to_xy(cells)
+        xy = sem.to_xy(cells + np.array([r0, c0]))
         return xy[int(np.argmin(np.linalg.norm(xy - pose.xy, axis=1)))]
 
     def topo_trajectory(self, success: bool):

@@ -30,6 +30,7 @@ from trajrag.world.sim import GridSimulator
 _FULL_STEPS = 500
 _QUICK_STEPS = 60
 _ASTAR_REPEATS = 10
+_SAME_WAYPOINT_M = 0.5  # a frontier whose representative moved less than this is the same target
 _VOCABULARY = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")  # habitat-lab HM3D goals
 
 
@@ -62,13 +63,15 @@ def _explore(steps: int, overrides: list[str]) -> tuple[dict[str, list[float]], 
     mapping_cfg = config_mod.load("mapping", overrides)
     segmenter = OracleSegmenter(_VOCABULARY, scene.categories, config_mod.load("perception", overrides), seed=0)
     mapper = SemanticMapper(mapping_cfg, sim.intrinsics, _VOCABULARY)
-    policy = LocalPolicy(config_mod.load("policy", overrides), sim.cfg.forward_step, math.radians(sim.cfg.turn_angle_deg))
+    turn = math.radians(sim.cfg.turn_angle_deg)
+    policy = LocalPolicy(config_mod.load("policy", overrides), sim.cfg.forward_step, turn)
     cells = np.argwhere(scene.traversable)
     start = Pose2D(*scene.to_xy(cells[len(cells) // 2]), 0.0)
     obs = sim.reset(scene, start)
     mapper.reset(start)
     times: dict[str, list[float]] = {"segment": [], "map_update": [], "frontiers": [], "policy": []}
     waypoint = None
+    done: list[np.ndarray] = []  # waypoints reached or given up: not chosen again
     for _ in range(steps):
         t0 = time.perf_counter()
         masks = segmenter.segment(obs)
@@ -80,14 +83,16 @@ def _explore(steps: int, overrides: list[str]) -> tuple[dict[str, list[float]], 
         times["segment"].append(t1 - t0)
         times["map_update"].append(t2 - t1)
         times["frontiers"].append(t3 - t2)
+        targets = [f.centroid_xy for f in frontiers if not _near_any(f.centroid_xy, done)]
         action = Action.TURN_LEFT  # no frontier / waypoint done: look around
-        if frontiers:
-            if waypoint is None or not any(np.linalg.norm(f.centroid_xy - waypoint) < 0.5 for f in frontiers):
-                waypoint = min(frontiers, key=lambda f: np.linalg.norm(f.centroid_xy - obs.pose.xy)).centroid_xy
+        if targets:
+            if waypoint is None or not _near_any(waypoint, targets):
+                waypoint = min(targets, key=lambda xy: float(np.linalg.norm(xy - obs.pose.xy)))
             t4 = time.perf_counter()
             decision = policy.act(mapper.map, obs.pose, waypoint)
             times["policy"].append(time.perf_counter() - t4)
             if decision.action is None:
+                done.append(waypoint)
                 waypoint = None
             else:
                 action = decision.action
@@ -101,6 +106,11 @@ def _explore(steps: int, overrides: list[str]) -> tuple[dict[str, list[float]], 
         "explored_m2": round(float(sem.explored.sum()) * sem.cell_size**2, 2),
     }
     return times, info
+
+
+def _near_any(xy: np.ndarray, others: list[np.ndarray]) -> bool:
+    """Whether ``xy`` is within ``_SAME_WAYPOINT_M`` of any of ``others`` (metres)."""
+    return any(float(np.linalg.norm(xy - o)) < _SAME_WAYPOINT_M for o in others)
 
 
 def rooms_map(size_m: float, room_m: float, door_m: float, cell: float) -> SemanticMap:

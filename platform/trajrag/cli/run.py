@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def run_command(args: argparse.Namespace) -> int:
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
-    print(f"{len(scenes)} scenes, {len(episodes)} episodes -> {out}")
+    print(f"{len(scenes)} scenes, {len(episodes)} episodes -> {out}", file=sys.stderr)
     summaries = {}
     for name in agents:
         summaries[name] = evaluate_agent(

@@ -2,10 +2,13 @@
 
 The search is skimage's Cython minimum-cost-path (``MCP_Geometric``: Dijkstra over the
 8-connected grid with diagonal moves costing sqrt(2)), stopped as soon as the goal is settled. It
-returns the same shortest paths as A* with an octile heuristic; measured on a 400 x 400 grid with
-rooms and doors, it took 12-17 ms where a heapq A* in Python took 10 ms on an open map but 100+ ms
-when the goal was hard to reach, so the Cython search wins where it matters. Callers bound the
-work by passing a window (the explored bounding box + a margin).
+returns the same shortest paths as A* with an octile heuristic. Measured on a 400 x 400 grid of
+random boxes: 12 ms against 10 ms for a heapq A* in Python when the goal is reachable, 17 ms
+against 130 ms when it is not (both then flood the reachable area), so the Cython search wins
+where it matters. Dijkstra settles every cell cheaper than the goal, so the cost grows with the
+path length: callers bound it with a window (the explored bounding box + a margin). Typical
+numbers (one core): 13 ms for a 12 m path in a procedural home, ~30-45 ms for a 20 m path across
+a 20 m x 20 m explored map.
 """
 
 from __future__ import annotations

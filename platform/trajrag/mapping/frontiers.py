@@ -139,15 +139,17 @@ def _collect(
     kept = np.flatnonzero(keep)
     if kept.size == 0:
         return []
-    flat_labels = labels.ravel()
+    idx = np.flatnonzero(labels)  # frontier cells only: far fewer than the crop's cells
+    flat_labels = labels.ravel()[idx]
     order = np.argsort(flat_labels, kind="stable")
+    idx = idx[order]
     bounds = np.searchsorted(flat_labels[order], [kept, kept + 1])
     w = labels.shape[1]
     frontiers = []
     for lab in sorted(kept, key=lambda k: (-sizes[k], k)):
         i = int(np.searchsorted(kept, lab))
-        idx = order[bounds[0][i] : bounds[1][i]]
-        cells = np.stack([idx // w + offset[0], idx % w + offset[1]], axis=1).astype(np.int64)
+        group = idx[bounds[0][i] : bounds[1][i]]
+        cells = np.stack([group // w + offset[0], group % w + offset[1]], axis=1).astype(np.int64)
         mean = cells.mean(axis=0)
         centre = cells[int(np.argmin(((cells - mean) ** 2).sum(axis=1)))]
         frontiers.append(

@@ -10,11 +10,11 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
    same way. After ``max_recoveries`` such recoveries for one waypoint it is reported unreachable.
 2. **Planning** on obstacles + the collision layer, inflated by ``inflation_radius_m`` (the agent
    radius), cells within ``clearance_margin_m`` more costing extra, with unknown cells free
-   (optimistic, the usual choice for exploration) or blocked. The inflated ring around the agent's own position is cleared (a noisy wall hit must not trap it),
-   and a waypoint inside the inflation moves to the nearest plannable cell within
-   ``goal_snap_radius_m``. Replans when the waypoint moves, every ``replan_every_steps`` steps,
-   when a newly mapped obstacle blocks the remaining path, or when the agent is more than
-   ``off_path_m`` from it.
+   (optimistic, the usual choice for exploration) or blocked. The inflated ring around the
+   agent's own position is cleared (a noisy wall hit must not trap it), and a waypoint inside
+   the inflation moves to the nearest plannable cell within ``goal_snap_radius_m``. Replans when
+   the waypoint moves, every ``replan_every_steps`` steps, when a newly mapped obstacle blocks
+   the remaining path, or when the agent is more than ``off_path_m`` from it.
 3. **Following**: aim at the path point ``lookahead_m`` ahead of the nearest path point; turn
    toward it while the heading error exceeds half the turn angle, else MOVE_FORWARD.
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from trajrag.mapping.astar import astar
 from trajrag.mapping.semantic_map import SemanticMap, pose_values, dilate_disk
-from trajrag.world.frames import wrap_angle
+from trajrag.world.frames import Pose2D, wrap_angle
 from trajrag.world.interface import Action
 
 
@@ -126,6 +126,7 @@ class LocalPolicy:
     def reset(self) -> None:
         """Forget the plan, the collision layer and the motion history (new episode)."""
         self.collision: np.ndarray | None = None
+        self._map_frame: tuple | None = None
         self._path: np.ndarray | None = None  # (K, 2) cells
         self._waypoint: np.ndarray | None = None
         self._progress = 0
@@ -137,7 +138,7 @@ class LocalPolicy:
         self._history: deque[np.ndarray] = deque(maxlen=self.cfg.stuck_window_steps + 1)
 
     # -- main entry -----------------------------------------------------------------------------
-    def act(self, sem_map: SemanticMap, pose, waypoint_xy: np.ndarray) -> PolicyResult:
+    def act(self, sem_map: SemanticMap, pose: Pose2D, waypoint_xy: np.ndarray) -> PolicyResult:
         """Next action toward ``waypoint_xy`` (map-frame metres) from ``pose`` on ``sem_map``."""
         x, y, yaw = pose_values(pose)
         xy = np.array([x, y])
@@ -175,8 +176,12 @@ class LocalPolicy:
 
     # -- collisions -----------------------------------------------------------------------------
     def _ensure_layers(self, sem_map: SemanticMap) -> None:
-        if self.collision is None or self.collision.shape != sem_map.shape:
+        """Start over on a new map (a new episode's map has a new origin): as ``reset()``."""
+        frame = (sem_map.shape, sem_map.origin, sem_map.cell_size)
+        if self.collision is None or frame != self._map_frame:
+            self.reset()
             self.collision = np.zeros(sem_map.shape, dtype=bool)
+            self._map_frame = frame
 
     def _detect_collision(self, sem_map: SemanticMap, xy: np.ndarray) -> bool:
         """Stamp the collision layer after a blocked forward move or a stuck spell; True if so."""

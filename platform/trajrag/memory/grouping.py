@@ -3,13 +3,12 @@
 ``TrajectoryMemory(store, cfg).insert(traj)`` follows the paper's "During navigation, TrajRAG is
 incrementally constructed":
 
-1. **Prefilter** (ours, for scale): every summary keeps a rotation-invariant bag-of-sectors
-   descriptor (counts of cyclically adjacent label pairs over its nodes, hashed to
-   ``descriptor_dim`` bins, square-rooted, L2-normalised) as one row of an in-memory float32
-   matrix. The ``candidates`` groups with the highest cosine to the new trajectory's descriptor
-   are the only ones matched exactly, so the expensive part of an insert does not grow with the
-   number of groups (the matrix product does, at ~0.1 us per group; the descriptor column is also
-   stored, for a LanceDB ANN index should the group count reach millions).
+1. **Prefilter** (ours, for scale; ``matching.NodeIndex``): every summary node has a
+   rotation-invariant descriptor (hashed counts of label pairs at each angular offset, in an
+   in-memory float32 matrix); each node of the new trajectory votes for the groups of its most
+   similar summary nodes, and only the ``candidates`` best-voted groups are matched exactly. The
+   exact matching, the expensive part, therefore does not grow with the number of groups; the
+   vote is one matrix product over all summary nodes (~0.1 us per node).
 2. **Match** each candidate (``matching.match``: Eq. 8 + mutual KNN, Eq. 9 RANSAC SE(2) with the
    heading check). The accepted candidate with the highest inlier ratio is the group.
 3. **Redundancy** (paper): the new nodes are mapped to summary nodes (inlier pairs first, then the
@@ -50,6 +49,7 @@ from trajrag.memory.matching import (
     N_SECTORS,
     MatchParams,
     MatchResult,
+    NodeIndex,
     Transform2D,
     implied_shift,
     match,
@@ -84,6 +84,7 @@ class MemoryConfig:
     min_score: float
     merge_radius_m: float
     candidates: int
+    prefilter_neighbours: int
     fuse_groups: bool
     descriptor_dim: int
     embedding_dim: int
@@ -203,28 +204,6 @@ def collapse_repeats(seq: Iterable[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def bag_of_sectors(sectors: np.ndarray, dim: int) -> np.ndarray:
-    """Rotation-invariant raw descriptor (dim,) float32: counts of cyclically adjacent label pairs.
-
-    The multiset of pairs (s_i, s_{i+1 mod 12}) over all nodes does not change under cyclic
-    shifts, so it needs no heading alignment. Pairs with an ``UNKNOWN`` side carry no evidence.
-    """
-    a = np.asarray(sectors, dtype=np.int64)
-    b = np.roll(a, -1, axis=1)
-    valid = (a != UNKNOWN) & (b != UNKNOWN)
-    key = (a[valid] - UNKNOWN) * (MAX_LABEL - UNKNOWN + 1) + (b[valid] - UNKNOWN)
-    # Multiplicative hashing spreads the small pair keys over all bins.
-    idx = (key * 2654435761) % (2**32) % dim
-    return np.bincount(idx, minlength=dim).astype(np.float32)
-
-
-def normalise_descriptor(counts: np.ndarray) -> np.ndarray:
-    """sqrt (damps the ubiquitous free/obstacle pairs) then unit L2 norm."""
-    v = np.sqrt(np.asarray(counts, dtype=np.float32))
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else v
-
-
 def compact_description(sectors: np.ndarray, names: dict[int, str], goal: str) -> str:
     """A short text for a chunk: goal, node count and the objects seen with their node range."""
     seen: dict[int, list[int]] = {}
@@ -250,11 +229,7 @@ class TrajectoryMemory:
 
     def __init__(self, store: MemoryStore | str, cfg: MemoryConfig) -> None:
         if not isinstance(store, MemoryStore):
-            store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim,
-                                descriptor_dim=cfg.descriptor_dim)
-        if store.descriptor_dim != cfg.descriptor_dim:
-            raise StoreError(f"memory store {store.uri}: descriptor_dim {store.descriptor_dim} != "
-                             f"config memory.descriptor_dim {cfg.descriptor_dim}")
+            store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim)
         self.store = store
         self.cfg = cfg
         self.params = cfg.match_params()
@@ -274,10 +249,7 @@ class TrajectoryMemory:
         self._vocab = self.store.vocabulary()
         self._names = {v: k for k, v in self._vocab.items()} | dict(SPECIAL_NAMES)
         self.summaries: dict[int, Summary] = {}
-        self._desc_counts: dict[int, np.ndarray] = {}
-        self._desc = np.zeros((64, self.cfg.descriptor_dim), dtype=np.float32)
-        self._desc_gid: list[int] = []
-        self._desc_row: dict[int, int] = {}
+        self.index = NodeIndex(self.cfg.descriptor_dim)
         for row in self.store.read(SUMMARIES, [
             "group_id", "node_xy", "sectors", "node_count", "edges", "reference_yaw",
             "n_members", "scene_hints", "goals"]).to_pylist():
@@ -291,7 +263,7 @@ class TrajectoryMemory:
                 reference_yaw=float(row["reference_yaw"]), n_members=0,
                 scene_hints=list(row["scene_hints"] or []), goals=list(row["goals"] or []))
             self.summaries[summary.group_id] = summary
-            self._set_descriptor(summary)
+            self.index.set_group(summary.group_id, summary.sectors)
         redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
         self._redundant_ids = set(redundant.column("trajectory_id").to_pylist())
         chunks = self.store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "summary_nodes"])
@@ -311,18 +283,6 @@ class TrajectoryMemory:
     def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
         self._members.setdefault(gid, {}).setdefault(goal, []).append(
             _Member(tid, seq, frozenset(seq)))
-
-    def _set_descriptor(self, summary: Summary) -> None:
-        counts = bag_of_sectors(summary.sectors, self.cfg.descriptor_dim)
-        self._desc_counts[summary.group_id] = counts
-        row = self._desc_row.get(summary.group_id)
-        if row is None:
-            row = len(self._desc_gid)
-            if row == len(self._desc):
-                self._desc = np.concatenate([self._desc, np.zeros_like(self._desc)])
-            self._desc_gid.append(summary.group_id)
-            self._desc_row[summary.group_id] = row
-        self._desc[row] = normalise_descriptor(counts)
 
     @property
     def n_groups(self) -> int:
@@ -403,16 +363,8 @@ class TrajectoryMemory:
     # -- matching ------------------------------------------------------------------------------
 
     def candidates(self, sectors: np.ndarray) -> list[int]:
-        """Top-``candidates`` group ids by descriptor cosine (store label ids in ``sectors``)."""
-        n = len(self._desc_gid)
-        if n == 0:
-            return []
-        q = normalise_descriptor(bag_of_sectors(sectors, self.cfg.descriptor_dim))
-        scores = self._desc[:n] @ q
-        c = min(self.cfg.candidates, n)
-        top = np.argpartition(-scores, c - 1)[:c] if c < n else np.arange(n)
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [self._desc_gid[i] for i in top]
+        """The prefilter's candidate group ids, best first (``sectors`` in store label ids)."""
+        return self.index.candidates(sectors, self.cfg.candidates, self.cfg.prefilter_neighbours)
 
     def _rng(self, tid: str) -> np.random.Generator:
         # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
@@ -481,7 +433,7 @@ class TrajectoryMemory:
                           np.ones(k, dtype=np.int32), edges, prep.reference_yaw, 1,
                           [prep.scene_hint] if prep.scene_hint else [], [prep.goal])
         self.summaries[gid] = summary
-        self._set_descriptor(summary)
+        self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
         nodes = np.arange(k)
         self._pending.chunks.append(self._chunk_row(prep, gid, Transform2D.identity(), nodes))
@@ -541,7 +493,7 @@ class TrajectoryMemory:
                                   other_id=prep.trajectory_id,
                                   reason=f"node list is an ordered subsequence of {prep.trajectory_id}"))
         summary.n_members += 1 - len(superseded)
-        self._set_descriptor(summary)
+        self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
         self._pending.chunks.append(self._chunk_row(prep, gid, T, mapping))
         self._chunk_ids.add(prep.trajectory_id)
@@ -583,8 +535,8 @@ class TrajectoryMemory:
         dst.n_members += src.n_members
         dst.scene_hints += [h for h in src.scene_hints if h not in dst.scene_hints]
         dst.goals += [g for g in src.goals if g not in dst.goals]
-        self._drop_descriptor(other)
-        self._set_descriptor(dst)
+        self.index.remove_group(other)
+        self.index.set_group(gid, dst.sectors)
         for goal, members in self._members.pop(other, {}).items():
             for m in members:
                 self._add_member(gid, goal, m.trajectory_id,
@@ -618,19 +570,6 @@ class TrajectoryMemory:
             if row["group_id"] == old:
                 updates[tid] = patch(row)
         self._pending.chunk_updates = list(updates.values())
-
-    def _drop_descriptor(self, gid: int) -> None:
-        """Remove a group's prefilter row (the last row moves into its place)."""
-        row = self._desc_row.pop(gid)
-        self._desc_counts.pop(gid, None)
-        last = len(self._desc_gid) - 1
-        if row != last:
-            moved_gid = self._desc_gid[last]
-            self._desc[row] = self._desc[last]
-            self._desc_gid[row] = moved_gid
-            self._desc_row[moved_gid] = row
-        self._desc_gid.pop()
-        self._desc[last] = 0.0
 
     def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
                 policy: str | None) -> Decision:
@@ -701,7 +640,7 @@ class TrajectoryMemory:
             "sectors": s.sectors.astype(np.int8).ravel(), "node_count": s.node_count,
             "edges": edges.ravel(), "reference_yaw": s.reference_yaw, "n_members": s.n_members,
             "scene_hints": s.scene_hints, "goals": s.goals,
-            "descriptor": self._desc[self._desc_row[s.group_id]], "node_embeddings": None,
+            "node_embeddings": None,
             "updated_at": _now()}
 
     def versions(self) -> dict[str, int]:

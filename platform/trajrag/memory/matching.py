@@ -347,3 +347,129 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
     score = n_in / len(np.unique(i))
     accepted = n_in >= params.min_inliers and score >= params.min_score
     return MatchResult(float(score), Transform2D.from_rt(R, t), pairs, inliers, accepted)
+
+
+# -- candidate prefilter ------------------------------------------------------------------------
+
+# Sector labels are int8 in the store: codes from UNKNOWN (-3) to 127 shift to 0..130.
+_LABEL_SPAN = 131
+_OFFSETS = np.arange(1, N_SECTORS // 2 + 1)  # every distinct angular offset on the 12-cycle
+
+
+def node_descriptors(sectors: np.ndarray, dim: int) -> np.ndarray:
+    """Rotation-invariant node descriptors (K, dim) float32, unit L2 norm (zero if no evidence).
+
+    Each node contributes the words (label at sector i, label at sector i + d, d) for every
+    sector i and offset d = 1..6: which labels it sees and at what angle from one another.
+    A cyclic shift of the sectors maps the multiset of words onto itself, so no heading
+    alignment is needed. Words with an UNKNOWN side carry no evidence. Words are hashed into
+    ``dim`` bins; counts are square-rooted (damping the ubiquitous free/obstacle words) and
+    normalised, so the dot product of two descriptors approximates Eq. 8's similarity cheaply.
+    """
+    a = np.asarray(sectors, dtype=np.int64)
+    k = len(a)
+    if k == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    idx = (np.arange(N_SECTORS)[:, None] + _OFFSETS[None, :]) % N_SECTORS  # (12, 6)
+    first = np.broadcast_to(a[:, :, None], (k, N_SECTORS, len(_OFFSETS)))
+    second = a[:, idx]
+    valid = (first != UNKNOWN) & (second != UNKNOWN)
+    word = ((first - UNKNOWN) * _LABEL_SPAN + (second - UNKNOWN)) * len(_OFFSETS) + _OFFSETS - 1
+    # Multiplicative hashing spreads the structured word ids over all bins.
+    bins = (word * 2654435761) % (2**32) % dim
+    rows = np.broadcast_to(np.arange(k)[:, None, None], bins.shape)
+    flat = np.bincount((rows * dim + bins)[valid], minlength=k * dim)
+    desc = np.sqrt(flat.reshape(k, dim).astype(np.float32))
+    norm = np.linalg.norm(desc, axis=1, keepdims=True)
+    return desc / np.where(norm > 0, norm, 1.0)
+
+
+class NodeIndex:
+    """In-memory index of every summary node's descriptor, for picking candidate groups.
+
+    ``candidates(sectors, n, neighbours)``: each node of the query retrieves its ``neighbours``
+    most similar summary nodes (dot product of ``node_descriptors``); a group scores the sum,
+    over query nodes, of its best retrieved similarity; the ``n`` best groups are returned.
+    Node-level votes keep partial trajectories findable: a group-level bag of labels is
+    dominated by the labels every home has. The cost is one (K x D) @ (D x N) product over the
+    N summary nodes held (~0.1 us per node at D = 128); exact matching then runs on ``n`` groups
+    only, whatever the number of groups.
+    """
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self._desc = np.zeros((1024, dim), dtype=np.float32)
+        self._owner = np.full(1024, -1, dtype=np.int64)
+        self._rows: dict[int, np.ndarray] = {}
+        self._used = 0
+        self._dead = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def set_group(self, group_id: int, sectors: np.ndarray) -> None:
+        """Index (or re-index) all nodes of a group."""
+        desc = node_descriptors(sectors, self.dim)
+        rows = self._rows.get(group_id)
+        if rows is not None and len(rows) <= len(desc):
+            extra = self._alloc(len(desc) - len(rows))
+            rows = np.concatenate([rows, extra])
+        else:
+            if rows is not None:
+                self.remove_group(group_id)
+            rows = self._alloc(len(desc))
+        self._desc[rows] = desc
+        self._owner[rows] = group_id
+        self._rows[group_id] = rows
+
+    def remove_group(self, group_id: int) -> None:
+        rows = self._rows.pop(group_id, None)
+        if rows is None:
+            return
+        self._desc[rows] = 0.0
+        self._owner[rows] = -1
+        self._dead += len(rows)
+        if self._dead > max(1024, self._used // 4):
+            self._repack()
+
+    def _alloc(self, n: int) -> np.ndarray:
+        if self._used + n > len(self._desc):
+            grow = max(n, len(self._desc))
+            self._desc = np.concatenate([self._desc, np.zeros((grow, self.dim), np.float32)])
+            self._owner = np.concatenate([self._owner, np.full(grow, -1, np.int64)])
+        rows = np.arange(self._used, self._used + n)
+        self._used += n
+        return rows
+
+    def _repack(self) -> None:
+        live = np.where(self._owner[: self._used] >= 0)[0]
+        remap = np.full(self._used, -1, dtype=np.int64)
+        remap[live] = np.arange(len(live))
+        self._desc[: len(live)] = self._desc[live]
+        self._owner[: len(live)] = self._owner[live]
+        self._desc[len(live): self._used] = 0.0
+        self._owner[len(live): self._used] = -1
+        self._rows = {g: remap[r] for g, r in self._rows.items()}
+        self._used, self._dead = len(live), 0
+
+    def candidates(self, sectors: np.ndarray, n: int, neighbours: int) -> list[int]:
+        """Group ids of the ``n`` best-voted groups for a query's sector vectors, best first."""
+        if not self._rows or len(sectors) == 0:
+            return []
+        query = node_descriptors(sectors, self.dim)
+        sim = query @ self._desc[: self._used].T  # (K, N)
+        m = min(neighbours, self._used)
+        top = np.argpartition(-sim, m - 1, axis=1)[:, :m] if m < self._used else (
+            np.broadcast_to(np.arange(self._used), (len(query), self._used)))
+        owners = self._owner[top]
+        sims = np.take_along_axis(sim, top, axis=1)
+        scores: dict[int, float] = {}
+        for q_owners, q_sims in zip(owners, sims):
+            best: dict[int, float] = {}
+            for g, s in zip(q_owners.tolist(), q_sims.tolist()):
+                if g >= 0 and s > best.get(g, 0.0):
+                    best[g] = s
+            for g, s in best.items():
+                scores[g] = scores.get(g, 0.0) + s
+        ranked = sorted(scores.items(), key=lambda gs: (-gs[1], gs[0]))
+        return [g for g, _ in ranked[:n]]

@@ -12,8 +12,9 @@ Tables (one row each):
   node each trajectory node was fused into. ``sectors`` is flattened (K * 12) int8 in the store's
   label vocabulary. ``embedding`` stays null until the trajectory encoder exists.
 * ``summaries``: one topo-polar summary per group, in the group frame: fused node positions,
-  sector vectors, edges, per-node observation counts, the bag-of-sectors ``descriptor`` used by
-  the candidate prefilter, member count, scene hints and goals seen.
+  per-node descriptors (the sector vectors, from which the prefilter's rotation-invariant node
+  descriptors are derived, and node embeddings, null until the node encoder exists), edges,
+  per-node observation counts, member count, scene hints and goals seen.
 * ``decisions``: what each insert did (``new``, ``merge``, ``redundant``, ``rejected``, and ``fuse``
   when a trajectory joined two groups into one), with group, score, transform and a reason.
   ``duplicate`` inserts (an id already stored) write nothing.
@@ -86,8 +87,8 @@ def chunk_schema(embedding_dim: int) -> pa.Schema:
     )
 
 
-def summary_schema(descriptor_dim: int) -> pa.Schema:
-    """Schema of the summaries table; ``descriptor_dim`` is the prefilter descriptor size."""
+def summary_schema() -> pa.Schema:
+    """Schema of the summaries table."""
     return pa.schema(
         [
             pa.field("group_id", pa.int64(), nullable=False),
@@ -100,12 +101,10 @@ def summary_schema(descriptor_dim: int) -> pa.Schema:
             pa.field("n_members", pa.int32()),
             pa.field("scene_hints", pa.list_(pa.string())),
             pa.field("goals", pa.list_(pa.string())),
-            pa.field("descriptor", pa.list_(pa.float32(), descriptor_dim)),
             # Per-node embeddings from the node encoder (flattened); null until it exists.
             pa.field("node_embeddings", pa.list_(pa.float32()), nullable=True),
             pa.field("updated_at", TIMESTAMP),
-        ],
-        metadata={b"trajrag.descriptor_dim": str(descriptor_dim).encode()},
+        ]
     )
 
 
@@ -164,15 +163,15 @@ def _dim(schema: pa.Schema, column: str) -> int:
 class MemoryStore:
     """LanceDB tables of one TrajRAG memory at ``uri`` (open-or-create).
 
-    ``embedding_dim`` and ``descriptor_dim`` are needed only to create a new store; an existing
-    store keeps its own (a mismatch raises ``StoreError``). ``read_only`` never creates tables and
+    ``embedding_dim`` is needed only to create a new store; an existing store keeps its own (a
+    mismatch raises ``StoreError``). ``read_only`` never creates tables and
     never repairs. A writer (the default) finishes or undoes a batch a crash left half-written.
     Reads always see the latest version of each table (strong read consistency), so a reader in
     another thread or process follows the writer.
     """
 
     def __init__(self, uri: str, *, embedding_dim: int | None = None,
-                 descriptor_dim: int | None = None, read_only: bool = False) -> None:
+                 read_only: bool = False) -> None:
         import lancedb  # the one module where LanceDB is the point
 
         self.uri = str(uri)
@@ -187,23 +186,20 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: no store there (tables {missing} missing)")
         if missing:
             # A crash while creating a store can leave some tables: the writer completes them.
-            if embedding_dim is None or descriptor_dim is None:
+            if embedding_dim is None:
                 raise StoreError(f"memory store {self.uri}: tables {missing} do not exist; creating "
-                                 "them needs embedding_dim and descriptor_dim")
-            schemas = {CHUNKS: chunk_schema(embedding_dim), SUMMARIES: summary_schema(descriptor_dim),
+                                 "them needs embedding_dim")
+            schemas = {CHUNKS: chunk_schema(embedding_dim), SUMMARIES: summary_schema(),
                        DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
             for name in missing:
                 self._db.create_table(name, schema=schemas[name], exist_ok=True)
         self._tables = {name: self._open(name) for name in TABLES}
         self._journal = self._open(COMMITS)
         self.embedding_dim = _dim(self._tables[CHUNKS].schema, "embedding")
-        self.descriptor_dim = _dim(self._tables[SUMMARIES].schema, "descriptor")
         self._check_schemas()
-        for want, have, what in ((embedding_dim, self.embedding_dim, "embedding_dim"),
-                                 (descriptor_dim, self.descriptor_dim, "descriptor_dim")):
-            if want is not None and want != have:
-                raise StoreError(f"memory store {self.uri}: {what} is {have} in the store, "
-                                 f"{want} was asked for")
+        if embedding_dim is not None and embedding_dim != self.embedding_dim:
+            raise StoreError(f"memory store {self.uri}: embedding_dim is {self.embedding_dim} in "
+                             f"the store, {embedding_dim} was asked for")
         self._load_journal()
         if self._snapshot is None and not read_only:
             self._log("create")
@@ -220,7 +216,7 @@ class MemoryStore:
 
     def _check_schemas(self) -> None:
         expected = {CHUNKS: chunk_schema(self.embedding_dim),
-                    SUMMARIES: summary_schema(self.descriptor_dim),
+                    SUMMARIES: summary_schema(),
                     DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA}
         tables = dict(self._tables, **{COMMITS: self._journal})
         expected[COMMITS] = COMMIT_SCHEMA
@@ -342,7 +338,7 @@ class MemoryStore:
         if batch.vocab:
             t[VOCAB].add(pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA))
         if batch.summaries:
-            rows = pa.Table.from_pylist(batch.summaries, schema=summary_schema(self.descriptor_dim))
+            rows = pa.Table.from_pylist(batch.summaries, schema=summary_schema())
             (t[SUMMARIES].merge_insert("group_id").when_matched_update_all()
              .when_not_matched_insert_all().execute(rows))
         if batch.delete_group_ids:

@@ -172,7 +172,8 @@ class OracleSegmenter:
     def _erode(self, label: np.ndarray, inst: np.ndarray) -> np.ndarray:
         """Keep a pixel only if its whole (2e+1)^2 window belongs to the same instance."""
         size = 2 * self._cfg.erosion_px + 1
-        same = ndi.minimum_filter(inst, size=size, mode="nearest") == ndi.maximum_filter(inst, size=size, mode="nearest")
+        low = ndi.minimum_filter(inst, size=size, mode="nearest")
+        same = low == ndi.maximum_filter(inst, size=size, mode="nearest")
         return np.where(same & (inst > 0), label, np.where(inst == 0, label, -1)).astype(np.int16)
 
     def _add_false_positives(self, masks: np.ndarray) -> None:

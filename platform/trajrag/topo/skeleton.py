@@ -54,10 +54,18 @@ def _small_components(mask: np.ndarray, max_cells: float, structure: np.ndarray)
     return small[labels]
 
 
-def free_skeleton(free: np.ndarray, cell_size_m: float, min_branch_m: float = 0.0) -> np.ndarray:
-    """One-pixel skeleton of ``free`` (bool (H, W)), with end branches shorter than ``min_branch_m`` pruned."""
-    skel = skeletonize(np.asarray(free, dtype=bool))
-    return prune_spurs(skel, min_branch_m / cell_size_m)
+def free_skeleton(free: np.ndarray, cell_size_m: float, min_branch_m: float = 0.0,
+                  clearance_factor: float = 0.0) -> np.ndarray:
+    """One-pixel skeleton of ``free`` (bool (H, W)) with its spurs pruned (see ``prune_spurs``).
+
+    An end branch is a spur when it is shorter than ``min_branch_m`` plus ``clearance_factor``
+    times the free-space clearance (distance to the nearest non-free cell) where it leaves its
+    junction. Both zero: the plain skeleton.
+    """
+    free = np.asarray(free, dtype=bool)
+    skel = skeletonize(free)
+    clearance = ndimage.distance_transform_edt(free) if clearance_factor > 0 else None
+    return prune_spurs(skel, min_branch_m / cell_size_m, clearance, clearance_factor)
 
 
 def ring(skel: np.ndarray) -> list[np.ndarray]:
@@ -88,36 +96,72 @@ def neighbour_count(skel: np.ndarray) -> np.ndarray:
     return np.where(skel, count, 0).astype(np.uint8)
 
 
-def prune_spurs(skel: np.ndarray, max_len_cells: float) -> np.ndarray:
-    """Remove end branches (junction -> end point) shorter than ``max_len_cells`` pixels.
+def prune_spurs(skel: np.ndarray, max_len_cells: float, clearance: np.ndarray | None = None,
+                clearance_factor: float = 0.0) -> np.ndarray:
+    """Remove end branches (junction -> end point) shorter than a length limit, in pixels.
 
-    Ragged map boundaries (depth noise, furniture legs) grow short side branches on the skeleton,
-    and every one of them makes a junction in the middle of a corridor. A branch is a connected
-    run of non-junction skeleton pixels; it is a spur when it holds an end point and touches a
-    junction. Repeats until nothing changes, since removing one spur can leave a one-pixel stub.
-    Isolated pieces (no junction) are kept: they are whole corridors or rooms.
+    The limit is ``max_len_cells``, plus ``clearance_factor * clearance`` at the branch's junction
+    when ``clearance`` (float (H, W), cells to the nearest non-free cell) is given.
+    Ragged map boundaries (depth noise, furniture legs, the jagged edge of what has been seen)
+    grow side branches on the skeleton, and every one of them makes a junction. A branch that
+    barely leaves the free disk around its junction only runs into that boundary; one that goes
+    well beyond it leads somewhere (a corridor, a doorway, a dead end).
+
+    Branches are the 8-connected pieces left after removing the junctions (crossing number >= 3)
+    *and their 8-neighbours*: a branch's first pixel often touches the pixels flanking the
+    junction diagonally, so removing the junction pixel alone would not split the branches. A
+    branch is a spur when it holds an end point (crossing number <= 1) and touches a junction's
+    neighbourhood; end points inside a neighbourhood are one-pixel spurs. Repeats until nothing
+    changes (a removed spur leaves its first pixel, a one-pixel spur, behind). Isolated pieces
+    (no junction) are kept: they are whole corridors or rooms.
     """
     skel = np.asarray(skel, dtype=bool).copy()
-    if max_len_cells <= 0:
+    use_clearance = clearance is not None and clearance_factor > 0
+    if max_len_cells <= 0 and not use_clearance:
         return skel
     while True:
         cn = crossing_number(skel)
         junction = cn >= 3
         if not junction.any():
             return skel
-        ends = skel & (neighbour_count(skel) <= 1)
-        branches = skel & ~junction
-        labels, n = ndimage.label(branches, structure=_EIGHT)
+        ends = skel & (cn <= 1)
+        zone = _dilate8(junction) & skel  # junctions + their neighbours
+        labels, n = ndimage.label(skel & ~zone, structure=_EIGHT)
         size = np.bincount(labels.ravel(), minlength=n + 1)
         has_end = np.zeros(n + 1, dtype=bool)
         has_end[labels[ends]] = True
-        touches = np.zeros(n + 1, dtype=bool)
-        touches[labels[ndimage.binary_dilation(junction, structure=_EIGHT) & branches]] = True
-        spur = has_end & touches & (size < max_len_cells)
+        touches, attach_clearance = _attachments(labels, n, zone, clearance if use_clearance else None)
+        limit = float(max_len_cells) + (clearance_factor * attach_clearance if use_clearance else 0.0)
+        spur = has_end & touches & (size < limit)
         spur[0] = False
-        if not spur.any():
+        remove = spur[labels] | (zone & ends & ~junction)
+        if not remove.any():
             return skel
-        skel &= ~spur[labels]
+        skel &= ~remove
+
+
+def _dilate8(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by its 8 neighbours (a 3x3 binary dilation from shifted views: cheaper)."""
+    out = mask.copy()
+    for nb in ring(mask):
+        out |= nb
+    return out
+
+
+def _attachments(labels: np.ndarray, n: int, zone: np.ndarray,
+                 clearance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per branch label (0..n): does it touch ``zone``, and the largest clearance of the zone
+    pixels it touches (zeros without ``clearance``)."""
+    touches = np.zeros(n + 1, dtype=bool)
+    out = np.zeros(n + 1)
+    zr, zc = np.nonzero(zone)
+    padded = np.pad(labels, 1)
+    for dr, dc in RING_OFFSETS:
+        neighbour = padded[1 + zr + dr, 1 + zc + dc]
+        touches[neighbour] = True
+        if clearance is not None:
+            np.maximum.at(out, neighbour, clearance[zr, zc])
+    return touches, out
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -158,8 +202,12 @@ def _sorted_cells(cells: np.ndarray) -> np.ndarray:
 
 
 def end_points(skel: np.ndarray) -> np.ndarray:
-    """Skeleton pixels with at most one skeleton neighbour (dead ends, isolated dots): int (N, 2)."""
-    return np.argwhere(skel & (neighbour_count(skel) <= 1))
+    """Skeleton tips (dead ends, isolated dots): pixels with crossing number <= 1, int (N, 2).
+
+    A tip may have two neighbours when they touch each other; counting neighbours would miss it.
+    """
+    skel = np.asarray(skel, dtype=bool)
+    return np.argwhere(skel & (crossing_number(skel) <= 1))
 
 
 def skeleton_nodes(skel: np.ndarray, cell_size_m: float, d_min_m: float, *, include_ends: bool = False,
@@ -189,16 +237,18 @@ def skeleton_nodes(skel: np.ndarray, cell_size_m: float, d_min_m: float, *, incl
 
 
 def junction_nodes(free: np.ndarray, cell_size_m: float, d_min_m: float, *, include_ends: bool = False,
-                   min_branch_m: float = 0.0, anchor_cell: np.ndarray | None = None) -> np.ndarray:
+                   min_branch_m: float = 0.0, clearance_factor: float = 0.0,
+                   anchor_cell: np.ndarray | None = None) -> np.ndarray:
     """Topological nodes of a free-space mask (bool (H, W)) as int (K, 2) ``[row, col]`` cells.
 
     ``cell_size_m`` metres per cell; ``d_min_m`` the NMS radius (paper: 0.5 m); ``min_branch_m``
-    prunes shorter end branches first (0: the paper's plain skeleton). See ``skeleton_nodes``.
+    and ``clearance_factor`` prune spurs first (``free_skeleton``; 0: the paper's plain skeleton).
+    See ``skeleton_nodes``.
     """
     free = np.asarray(free)
     if free.ndim != 2:
         raise ValueError(f"free space must be a 2D bool grid, got shape {free.shape}")
-    skel = free_skeleton(free.astype(bool), cell_size_m, min_branch_m)
+    skel = free_skeleton(free.astype(bool), cell_size_m, min_branch_m, clearance_factor)
     return skeleton_nodes(skel, cell_size_m, d_min_m, include_ends=include_ends, anchor_cell=anchor_cell)
 
 

@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy.spatial import cKDTree
 
-from trajrag.topo.labels import LABEL_DTYPE
-from trajrag.topo.sectors import SemanticMapLike, check_map, free_space, sector_vectors
+from trajrag.topo.labels import LABEL_DTYPE, SPECIAL_NAMES
+from trajrag.topo.sectors import SemanticMapLike, check_map, sector_vectors
 from trajrag.topo.skeleton import clean_free, free_skeleton, skeleton_edges, skeleton_nodes
 
 
@@ -34,7 +34,8 @@ class TopoConfig:
     ray_step_cells: spacing of the samples along a ray, cells.
     object_dilation_m: radius of the disk dilating object channels before ray sampling, metres.
     include_end_nodes: also use skeleton end points (dead ends) as nodes.
-    min_branch_m: end branches of the skeleton shorter than this are pruned first, metres.
+    min_branch_m, spur_clearance_factor: an end branch of the skeleton shorter than
+        ``min_branch_m`` (metres) + factor x the free-space clearance at its junction is pruned.
     min_free_island_m2: free components up to this area are dropped before thinning, m^2.
     min_obstacle_hole_m2: obstacle specks up to this area inside free space are filled, m^2.
     """
@@ -46,6 +47,7 @@ class TopoConfig:
     object_dilation_m: float
     include_end_nodes: bool
     min_branch_m: float
+    spur_clearance_factor: float
     min_free_island_m2: float
     min_obstacle_hole_m2: float
 
@@ -95,23 +97,25 @@ def topo_graph(sem_map: SemanticMapLike, cfg: TopoConfig, anchor_xy: np.ndarray 
                with_edges: bool = True) -> TopoGraph:
     """Nodes (and optionally skeleton edges) of ``sem_map``'s free space.
 
-    The free space is cropped to its bounding box plus one cell before thinning, so the cost
-    follows the explored area, not the map size. ``anchor_xy`` (metres; the agent) picks the
+    The map is cropped to the explored bounding box plus one cell first, so the cost follows
+    the explored area, not the map size. ``anchor_xy`` (metres; the agent) picks the
     fallback node when the skeleton has no junction, and is itself the node when there is no
     free space at all.
     """
     check_map(sem_map)
     cell = float(sem_map.cell_size)
-    free = free_space(sem_map)
     anchor = None if anchor_xy is None else xy_to_cells(anchor_xy, sem_map.origin, cell)
-    rows, cols = np.nonzero(free.any(axis=1))[0], np.nonzero(free.any(axis=0))[0]
+    explored = np.asarray(sem_map.explored, dtype=bool)
+    rows, cols = np.flatnonzero(explored.any(axis=1)), np.flatnonzero(explored.any(axis=0))
     if len(rows) == 0:
         cells = np.zeros((0, 2), dtype=np.int64) if anchor is None else anchor.reshape(1, 2)
         return TopoGraph(cells, cells_to_xy(cells, sem_map.origin, cell), np.zeros((0, 2), dtype=np.int64))
+    # Free space lies inside the explored box: crop to it (+1 cell) before anything else.
     r0, c0 = max(rows[0] - 1, 0), max(cols[0] - 1, 0)
-    crop = free[r0 : rows[-1] + 2, c0 : cols[-1] + 2]
+    window = (slice(r0, rows[-1] + 2), slice(c0, cols[-1] + 2))
+    crop = explored[window] & ~np.asarray(sem_map.obstacle[window], dtype=bool)
     crop = clean_free(crop, cell, cfg.min_free_island_m2, cfg.min_obstacle_hole_m2)
-    skel = free_skeleton(crop, cell, cfg.min_branch_m)
+    skel = free_skeleton(crop, cell, cfg.min_branch_m, cfg.spur_clearance_factor)
     local_anchor = None if anchor is None else anchor - (r0, c0)
     nodes = skeleton_nodes(skel, cell, cfg.d_min_m, include_ends=cfg.include_end_nodes, anchor_cell=local_anchor)
     edges = skeleton_edges(skel, nodes) if with_edges else np.zeros((0, 2), dtype=np.int64)
@@ -203,7 +207,7 @@ class TopoPolarTrajectory:
         if self.sectors.ndim != 2 or len(self.sectors) != k:
             raise ValueError(f"{where}: sectors shape {self.sectors.shape} does not match {k} nodes")
         self.categories = tuple(str(c) for c in self.categories)
-        bad = (self.sectors >= len(self.categories)) | (self.sectors < -3)
+        bad = (self.sectors >= len(self.categories)) | (self.sectors < min(SPECIAL_NAMES))
         if bad.any():
             raise ValueError(f"{where}: sector labels {np.unique(self.sectors[bad]).tolist()} are not valid "
                              f"for {len(self.categories)} categories")

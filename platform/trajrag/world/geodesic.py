@@ -110,13 +110,33 @@ def geodesic_field(traversable: np.ndarray, sources: np.ndarray, cell_size: floa
     seeds = sources & traversable
     if not seeds.any():
         return out
-    index = np.full(traversable.shape, -1, dtype=np.int64)
-    n = int(traversable.sum())
-    index[traversable] = np.arange(n)
-    graph = _grid_graph(traversable, index, n, cell_size, radius)
+    index, graph = _cached_graph(traversable, cell_size, radius)
     dist = dijkstra(graph, directed=False, indices=index[seeds], min_only=True)
     out[traversable] = dist
     return out
+
+
+# The move graph depends only on the traversable grid: every category of a scene shares it.
+_GRAPHS: OrderedDict = OrderedDict()
+_GRAPH_CACHE_SIZE = 2  # one scene at a time, plus one being switched to
+
+
+def _cached_graph(traversable: np.ndarray, cell_size: float, radius: int) -> tuple[np.ndarray, csr_matrix]:
+    """(cell -> node index (H, W), graph) for a traversable grid, from a tiny LRU."""
+    digest = hashlib.blake2b(np.packbits(traversable).tobytes(), digest_size=16)
+    digest.update(repr((traversable.shape, float(cell_size), int(radius))).encode())
+    key = digest.hexdigest()
+    if key in _GRAPHS:
+        _GRAPHS.move_to_end(key)
+        return _GRAPHS[key]
+    index = np.full(traversable.shape, -1, dtype=np.int64)
+    n = int(traversable.sum())
+    index[traversable] = np.arange(n)
+    entry = (index, _grid_graph(traversable, index, n, cell_size, radius))
+    _GRAPHS[key] = entry
+    while len(_GRAPHS) > _GRAPH_CACHE_SIZE:
+        _GRAPHS.popitem(last=False)
+    return entry
 
 
 def _grid_graph(traversable: np.ndarray, index: np.ndarray, n: int, cell_size: float,
@@ -284,9 +304,10 @@ def _cache(size: int) -> _LRU:
 
 
 def clear_cache() -> None:
-    """Forget every cached goal field (for tests and memory-bound callers)."""
+    """Forget every cached goal field and move graph (for tests and memory-bound callers)."""
     global _CACHE
     _CACHE = None
+    _GRAPHS.clear()
 
 
 def scene_fingerprint(scene: Scene) -> str:
@@ -372,6 +393,29 @@ def segments_free(scene: Scene, start: np.ndarray, ends: np.ndarray, spacing_cel
     return free.all(axis=1)
 
 
+def _step_checker(scene: Scene, steps: np.ndarray, spacing_cells: float):
+    """``segments_free`` for the fixed step vectors ``steps`` (K, 2) from any start, with the
+    sample offsets computed once (the planner calls it for every expanded position)."""
+    ratio = float(np.max(np.linalg.norm(steps, axis=1))) / (spacing_cells * scene.cell_size)
+    counts = {int(math.ceil(ratio * (1.0 - _FLOAT_SLACK))) + 1, int(math.ceil(ratio * (1.0 + _FLOAT_SLACK))) + 1}
+    t = np.concatenate([np.linspace(0.0, 1.0, n) for n in sorted(counts)])
+    offsets = t[None, :, None] * steps[:, None, :]  # (K, samples, 2) metres
+    origin = np.asarray(scene.origin, dtype=np.float64)
+    h, w = scene.shape
+    traversable = scene.traversable
+
+    def free(start: np.ndarray) -> np.ndarray:
+        points = (start - origin) + offsets
+        col = np.floor(points[..., 0] / scene.cell_size).astype(np.int64)
+        row = np.floor(points[..., 1] / scene.cell_size).astype(np.int64)
+        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        ok = np.zeros(row.shape, dtype=bool)
+        ok[inside] = traversable[row[inside], col[inside]]
+        return ok.all(axis=1)
+
+    return free
+
+
 @dataclass
 class ActionPath:
     """A walk of forward steps: per step the heading index (turn steps counter-clockwise from
@@ -408,6 +452,7 @@ def shortest_action_path(scene: Scene, goal: GoalField, start_xy: np.ndarray, st
     start_cell = tuple(int(v) for v in scene.to_cell(start_xy))
     if not (scene.in_bounds(np.array(start_cell)) and np.isfinite(field[start_cell])):
         return None
+    free_steps = _step_checker(scene, steps, motion.collision_step_cells)
     pos = {start_cell: np.asarray(start_xy, dtype=np.float64)}
     heading = {start_cell: 0}
     parent: dict = {start_cell: None}
@@ -430,7 +475,7 @@ def shortest_action_path(scene: Scene, goal: GoalField, start_xy: np.ndarray, st
         if field[cell] < best_h:
             best_cell, best_h = cell, field[cell]
         ends = pos[cell] + steps
-        free = segments_free(scene, pos[cell], ends, motion.collision_step_cells)
+        free = free_steps(pos[cell])
         cells = scene.to_cell(ends)
         k0 = heading[cell]
         for k in np.nonzero(free)[0]:

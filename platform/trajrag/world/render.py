@@ -15,9 +15,9 @@ How it stays fast with numpy alone (one core, 640x480 in a few milliseconds):
   object, "infinite" for a wall). Pixel row ``r`` (ray height ``cam_h + z * y_r``) hits it iff
   ``y_r <= s_i = (top_i - cam_h) / z_i``; the first hit of row ``r`` is the first ``i`` where the
   running max of ``s`` reaches ``y_r``. Because ``y_r`` is linear in ``r``, sample ``i`` paints a
-  contiguous run of rows, so one column is a run-length fill: ``maximum.accumulate`` gives the
-  number of rows covered so far (counted from the bottom), its differences are the run lengths
-  and ``np.repeat`` expands sample codes to pixels. A sentinel last sample paints whatever is left
+  contiguous run of rows, so one column is a run-length fill: a running max gives the number of
+  rows covered so far (counted from the bottom), its differences are the run lengths and
+  ``np.repeat`` expands sample codes to pixels. A sentinel last sample paints whatever is left
   ("nothing in range", or the ceiling).
 * Depth of a pixel painted by sample ``i``: a ray meeting a horizontal top from above (the floor,
   a bed) crosses that height at ``z* = (top - cam_h) / y_r`` exactly; otherwise it entered the
@@ -26,8 +26,13 @@ How it stays fast with numpy alone (one core, 640x480 in a few milliseconds):
 
 Everything that depends only on the camera is computed once (``Renderer``), everything that
 depends only on the scene once per scene (``SceneRaster``, a wall-padded code grid so that no ray
-leaves the array), and the per-frame work is about 25 vectorised passes over (W, S) and (H, W)
-arrays with preallocated buffers.
+leaves the array), and the per-frame work is a few dozen vectorised passes over (W, S) and
+(H, W) arrays, mostly into preallocated buffers.
+
+Limits of the 2.5D model: objects are solid columns (a table hides what is under it), thin
+diagonal walls drawn as 8-connected staircases may let a ray slip through a corner, and nothing
+beyond ``max_depth`` is rendered (it reads as max_depth, no semantics), as the depth sensor clips
+there anyway.
 """
 
 from __future__ import annotations

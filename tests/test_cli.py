@@ -1,0 +1,62 @@
+"""The command line as a user runs it: the dataset doctor and the main job."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import bz2
+
+import pytest
+
+from trajrag.cli import main
+
+SMALL_SIM = ["--set", "sim.width=160", "--set", "sim.height=120"]
+
+
+def test_doctor_reports_the_keys_users_read(capsys):
+    assert main(["episodes", "check", "--scenes", "procedural:val:2", "--episodes", "generated:6", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["episodes"] == 12
+    assert report["starts_traversable"] == 12 and report["goals_reachable"] == 12
+    assert report["mean_geodesic_m"] >= 1.0  # habitat-lab's shortest episode
+    assert sum(row["episodes"] for row in report["per_category"].values()) == 12
+
+
+def test_doctor_on_gibson_train(gibson_train_path, capsys):
+    assert main(["episodes", "check", "--scenes", str(gibson_train_path), "--episodes", "generated:1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["scenes"] == 25
+    assert report["starts_traversable_frac"] == 1.0 and report["goals_reachable_frac"] == 1.0
+
+
+@pytest.mark.parametrize("scenes,episodes,needle", [
+    ("procedural:nope:3", "generated:1", "procedural:SPLIT:N"),
+    ("procedural:val:1", "generated:zero", "generated:K"),
+    ("/nonexistent/x_info.pbz2", "generated:1", "x_info.pbz2"),
+])
+def test_doctor_bad_specs_give_one_line_and_exit_2(scenes, episodes, needle, capsys):
+    assert main(["episodes", "check", "--scenes", scenes, "--episodes", episodes]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_doctor_rejects_a_pickle_carrying_code(tmp_path, capsys):
+    evil = tmp_path / "evil_info.pbz2"
+    evil.write_bytes(bz2.compress(pickle.dumps({"Scene": {0: {"origin": print}}})))
+    assert main(["episodes", "check", "--scenes", str(evil), "--episodes", "generated:1"]) == 2
+    assert "evil_info.pbz2" in capsys.readouterr().err
+
+
+def test_run_writes_records_table_and_picture_and_resumes(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:2", "--agents", "oracle",
+            "--out", str(out), "--json", *SMALL_SIM]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)["summaries"]["oracle"]
+    assert summary["episodes"] == 2 and summary["sr"] == 1.0
+    records = (out / "oracle" / "episodes.jsonl").read_text().splitlines()
+    assert len(records) == 2
+    assert (out / "results.md").read_text().count("| oracle |") == 1
+    assert (out / "episode.png").stat().st_size > 10_000
+    assert main(argv) == 0  # a rerun skips finished episodes
+    assert len((out / "oracle" / "episodes.jsonl").read_text().splitlines()) == 2
