@@ -1,0 +1,77 @@
+"""The navigation loop end to end: explore, find the goal, STOP, export the trajectory."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from trajrag import config
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.evaluate import _record
+from trajrag.agent.navigator import make_frontier_agent, make_random_agent
+from trajrag.topo.trajectory import TopoPolarTrajectory
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
+
+OVERRIDES = ["sim.width=160", "sim.height=120"]
+
+
+@pytest.fixture(scope="module")
+def world():
+    scenes = load_scenes("procedural:val:1")
+    episodes = load_episodes("generated:3", scenes)
+    sim_cfg = config.load("sim", OVERRIDES)
+    return scenes[0], episodes, sim_cfg
+
+
+def test_frontier_explorer_finds_goals_and_stops_near_them(world):
+    scene, episodes, sim_cfg = world
+    agent = make_frontier_agent(sim_cfg, OVERRIDES)
+    sim = GridSimulator(sim_cfg)
+    results = [run_episode(sim, agent, e, scene) for e in episodes]
+    assert sum(r.metrics.success for r in results) >= 2, [r.outcome for r in results]
+    for r in results:
+        assert r.actions[:12] == [2] * 12  # the initial look-around (12 x TURN_LEFT)
+        if r.metrics.success:
+            assert r.actions[-1] == 0 and r.metrics.distance_to_goal == 0.0
+
+
+def test_episode_export_carries_a_loop_free_topo_polar_trajectory(world):
+    scene, episodes, sim_cfg = world
+    agent = make_random_agent(sim_cfg, OVERRIDES, seed=3)
+    result = run_episode(GridSimulator(sim_cfg), agent, episodes[0], scene, max_steps=120)
+    record = _record(result, agent)
+    topo = TopoPolarTrajectory.from_dict(record["topo_polar"])
+    assert len(topo) >= 1 and topo.goal == episodes[0].object_category
+    assert len(set(topo.node_ids.tolist())) == len(topo)  # f_PL: every node once
+    assert topo.sectors.shape == (len(topo), 12)
+    assert len(record["poses"]) == len([a for a in record["actions"] if a != 0]) + 1
+    assert "Node 1" in record["description"]
+    assert record["agent_stats"]["decisions"] >= 1
+
+
+def test_unknown_goal_category_is_a_clear_error(world):
+    scene, episodes, sim_cfg = world
+    agent = make_frontier_agent(sim_cfg, OVERRIDES)
+    episode = episodes[0]
+    episode = type(episode)(**{**episode.__dict__, "object_category": "unicorn"})
+    with pytest.raises(ValueError, match="unicorn.*vocabulary"):
+        agent.reset(episode, scene)
+
+
+def test_a_bad_frame_is_skipped_with_a_warning_not_fatal(world, caplog):
+    scene, episodes, sim_cfg = world
+    agent = make_frontier_agent(sim_cfg, OVERRIDES)
+    sim = GridSimulator(sim_cfg)
+    obs = sim.reset(scene, episodes[0].start_pose())
+    agent.reset(episodes[0], scene)
+    obs.depth = np.full_like(obs.depth, np.nan)
+    bad_pose = type("Pose", (), {"x": math.nan, "y": 0.0, "yaw": 0.0, "xy": np.array([math.nan, 0.0])})()
+    obs_bad_pose = type(obs)(obs.depth, obs.instance, obs.category, obs.rgb, bad_pose)
+    with caplog.at_level(logging.WARNING):
+        agent.builder.observe(obs_bad_pose)
+    assert agent.builder.skipped_frames == 1 and "frame skipped" in caplog.text
+    assert agent.act(sim.reset(scene, episodes[0].start_pose())) is not None  # the episode goes on
