@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.oracle import OracleAgent, oracle_benchmark
+from trajrag.agent.oracle import OracleAgent
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import generate_episodes, scene_goal_field
@@ -142,8 +143,13 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
     assert math.isinf(result.metrics.distance_to_goal)
 
 
-def test_oracle_benchmark_reports_sr_and_spl():
-    out = oracle_benchmark("procedural:val:2", 2, seed=0)
+def test_oracle_bench_command_reports_sr_and_spl(capsys):
+    from trajrag.cli import main
+
+    assert main(["bench", "oracle", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     assert out["episodes"] == 4 and out["sr"] == 1.0
     assert 0.85 <= out["spl"] <= out["spl_bound"] + 1e-9
-    assert set(out) >= {"sr", "spl", "episodes", "dtg_m", "per_category"}
+    assert set(out) >= {"sr", "spl", "episodes", "dtg_m", "per_category", "scene_spec"}
+    assert main(["bench", "oracle", "--set", "oracle.benchmark_scene_spec=procedural:vall:2"]) == 2
+    assert "vall" in capsys.readouterr().err

@@ -70,7 +70,10 @@ def run_episode(sim: Simulator, agent: Agent, episode: ObjectNavEpisode, scene: 
     if episode.scene_key and episode.scene_key != scene.name:
         raise ValueError(f"episode {episode.episode_id}: belongs to scene {episode.scene_key!r}, "
                          f"not {scene.name!r}")
-    goal = scene_goal_field(scene, episode.object_category, cfg)
+    try:
+        goal = scene_goal_field(scene, episode.object_category, cfg)
+    except KeyError as exc:
+        raise ValueError(f"episode {episode.episode_id}: {exc.args[0]}") from None
     try:
         observations = sim.reset(scene, episode.start_pose())
     except ValueError as exc:

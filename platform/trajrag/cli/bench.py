@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "topo": "trajrag.bench.topo:run",
     "store": "trajrag.bench.store:run",
     "mapping": "trajrag.bench.mapping:run",
+    "oracle": "trajrag.agent.oracle:run_bench",
 }
 
 
