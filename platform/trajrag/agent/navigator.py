@@ -38,6 +38,7 @@ class NavigatorConfig:
     node_reach_radius_m: float
     max_steps_per_waypoint: int
     blacklist_radius_m: float
+    frontier_hysteresis_m: float
 
 
 @dataclass
@@ -150,7 +151,13 @@ class Navigator:
         start = time.perf_counter()
         self.stats.decisions += 1
         sem, pose = self.builder.map, obs.pose
-        frontiers = [f for f in find_frontiers(sem, self.mapping_cfg, agent_xy=pose.xy) if not self._blacklisted(f)]
+        all_frontiers = find_frontiers(sem, self.mapping_cfg, agent_xy=pose.xy)
+        frontiers = [f for f in all_frontiers if not self._blacklisted(f)]
+        if not frontiers and all_frontiers and self.blacklist:
+            # Every frontier failed once. Failures are often transient (a collision mark, a
+            # frontier seen from a bad angle): forget them and try again before giving up.
+            self.blacklist = []
+            frontiers = all_frontiers
         if not frontiers:
             return False
         episode = self.builder.episode
@@ -159,7 +166,9 @@ class Navigator:
             reference_yaw=episode.start_pose().yaw, episode_id=str(episode.episode_id), scene_id=episode.scene_key)
         if candidates:
             self.stats.planner_calls += 1
-            ctx = PlannerContext(self.goal, self.step, pose, sem, trajectory, candidates, frontiers)
+            ctx = PlannerContext(self.goal, self.step, pose, sem, trajectory, candidates, frontiers,
+                                 frontier_distances(sem, pose.xy, frontiers, self.policy.cfg.inflation_radius_m),
+                                 self.waypoint)
             choice = self.planner.choose(ctx)
             frontier = frontiers[candidates[choice].frontier_index]
         else:  # no frontier reachable over the graph yet: the nearest one in a straight line
@@ -192,6 +201,28 @@ class Navigator:
         return self.builder.topo_trajectory(success)
 
 
+def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], inflation_m: float) -> np.ndarray:
+    """Geodesic metres from ``xy`` to each frontier's centroid over explored free space with
+    obstacles inflated by ``inflation_m`` (``inf`` where none is found): what a nearest-frontier
+    explorer ranks by (straight-line or graph-hop distances pick frontiers behind walls)."""
+    from skimage.graph import MCP_Geometric
+
+    from trajrag.mapping.semantic_map import dilate_disk
+
+    r0, r1, c0, c1 = sem.explored_bbox(margin=1)
+    blocked = dilate_disk(sem.obstacle[r0:r1, c0:c1], inflation_m / sem.cell_size)
+    passable = sem.explored[r0:r1, c0:c1] & ~blocked
+    start = sem.to_cell(xy) - np.array([r0, c0])
+    passable[start[0], start[1]] = True  # the agent's own cell, even if it grazes an inflated wall
+    costs = np.where(passable, 1.0, np.inf)
+    field, _ = MCP_Geometric(costs).find_costs([tuple(start)])
+    out = np.full(len(frontiers), np.inf)
+    for i, frontier in enumerate(frontiers):
+        cells = frontier.cells - np.array([r0, c0])
+        out[i] = float(np.min(field[cells[:, 0], cells[:, 1]])) * sem.cell_size
+    return out
+
+
 def _stable_hash(text: str) -> int:
     """A run-to-run stable 31-bit hash (Python's ``hash`` is salted per process)."""
     import zlib
@@ -215,9 +246,11 @@ def make_navigator(planner: Planner, sim_cfg, overrides: Sequence[str] = (), see
 
 
 def make_frontier_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
+    from trajrag import config
     from trajrag.planners.frontier import NearestFrontierPlanner
 
-    return make_navigator(NearestFrontierPlanner(), sim_cfg, overrides, seed)
+    hysteresis = config.load("navigator", overrides).frontier_hysteresis_m
+    return make_navigator(NearestFrontierPlanner(hysteresis), sim_cfg, overrides, seed)
 
 
 def make_random_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:

@@ -6,9 +6,10 @@ TURN by ``sim.turn_angle_deg``).
 
 Why a planner over the actions and not a pure-pursuit follower of the grid path: SPL charges every
 metre walked, and with 0.25 m steps on 30-degree headings a follower aiming at a lookahead point
-zig-zags, overshoots thin goal regions (it can oscillate across one) and gets stuck in front of
-moves its heading makes it collide with; on Gibson-train episodes it reached SR 0.21 before and
-SPL ~0.93 after fixing the oscillation. The oracle therefore plans with
+zig-zags, overshoots thin goal regions (it can circle across one for ever) and gets stuck in
+front of moves its heading makes it collide with: a first follower of that kind reached SR 0.21
+on 75 Gibson-train episodes, and one that picked the best free heading still circled around thin
+goal regions. The oracle therefore plans with
 ``geodesic.shortest_action_path``: A* over the positions the simulator can actually reach (forward
 steps along the current yaw + k * turn angle, each checked with the simulator's collision rule),
 guided by the geodesic field to the goal region, goal test "the position's cell is in the goal
@@ -18,6 +19,11 @@ inserted before each forward step (the shorter way round).
 The plan is replayed action by action. If the agent is not where the plan expected it (a
 collision, a different simulator) or the plan was partial (``episodes.action_path_max_expansions``
 hit), it plans again from where it stands, at most ``max_replans`` times per episode.
+
+Its SPL is about 0.945 on generated procedural and Gibson episodes (mean geodesic 5-6 m), with SR
+1.0. That is the action set's ceiling, not a planner loss: walks are whole 0.25 m steps (the
+rounding alone caps SPL near 0.97, ``spl_bound`` below) on 12 headings fixed by the start yaw
+(another 2-3 %); a smaller heuristic weight or finer position merging leaves it unchanged.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The store is grown with ``insert_many`` (batched commits) to each size, then ``t
 single ``insert`` calls are timed there, each one a full LanceDB commit. ``bytes_per_chunk`` is
 the chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
 
-The generator functions here (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also
+Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The generator functions here (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also
 used by the memory tests.
 """
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 # The Gibson object channels (configs/gibson.yaml), as a plausible category vocabulary.
 CATEGORIES = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor", "dining-table", "oven",
@@ -34,23 +35,6 @@ CATEGORIES = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor", "dining-t
 GOALS = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")
 # Angular resolution of the synthetic world around a node: rays at any heading hit a 10-degree bin.
 BINS = 36
-
-
-@dataclass
-class SyntheticTrajectory:
-    """Duck-typed ``topo.trajectory.TopoPolarTrajectory`` (the fields the memory reads)."""
-
-    node_xy: np.ndarray
-    sectors: np.ndarray
-    edges: np.ndarray
-    categories: tuple[str, ...]
-    goal: str
-    reference_yaw: float
-    success: bool = True
-    episode_id: str = ""
-    scene_id: str = ""
-    policy: str = "synthetic"
-    trajectory_id: str = ""
 
 
 @dataclass
@@ -141,7 +125,7 @@ def random_walk(scene: SyntheticScene, rng: np.random.Generator, length: int,
 def synthetic_trajectory(scene: SyntheticScene, rng: np.random.Generator, trajectory_id: str, *,
                          length: tuple[int, int] = (5, 30), label_noise: float = 0.05,
                          jitter_m: float = 0.05, frame_motion: bool = True,
-                         unknown_rate: float = 0.05) -> SyntheticTrajectory:
+                         unknown_rate: float = 0.05) -> TopoPolarTrajectory:
     """One trajectory: a walk, seen from a random start heading, in a random episode frame.
 
     The episode frame differs from the scene frame by a random SE(2) (``frame_motion``), as the
@@ -157,12 +141,11 @@ def synthetic_trajectory(scene: SyntheticScene, rng: np.random.Generator, trajec
     if frame_motion:
         phi, t = float(rng.uniform(-math.pi, math.pi)), rng.uniform(-20, 20, size=2)
     R = np.array([[math.cos(phi), -math.sin(phi)], [math.sin(phi), math.cos(phi)]])
-    edges = np.stack([np.arange(len(nodes) - 1), np.arange(1, len(nodes))], 1)
-    return SyntheticTrajectory(
-        node_xy=xy @ R.T + t, sectors=sectors.astype(np.int16), edges=edges,
-        categories=scene.categories, goal=str(rng.choice(GOALS)),
+    return TopoPolarTrajectory(
+        node_xy=xy @ R.T + t, sectors=sectors.astype(np.int16), categories=scene.categories,
+        goal=str(rng.choice(GOALS)),
         reference_yaw=float((heading + phi + math.pi) % (2 * math.pi) - math.pi),
-        episode_id=trajectory_id, scene_id=scene.name, trajectory_id=trajectory_id)
+        success=bool(rng.random() < 0.6), episode_id=trajectory_id, scene_id=scene.name)
 
 
 def add_label_noise(sectors: np.ndarray, rng: np.random.Generator, flip: float,
@@ -177,9 +160,9 @@ def add_label_noise(sectors: np.ndarray, rng: np.random.Generator, flip: float,
     return out
 
 
-def perturb(traj: SyntheticTrajectory, rng: np.random.Generator, *, theta: float | None = None,
+def perturb(traj: TopoPolarTrajectory, rng: np.random.Generator, *, theta: float | None = None,
             shift_sectors: bool = True, label_noise: float = 0.0,
-            trajectory_id: str | None = None) -> tuple[SyntheticTrajectory, np.ndarray, np.ndarray]:
+            episode_id: str | None = None) -> tuple[TopoPolarTrajectory, np.ndarray, np.ndarray]:
     """A copy moved by a random SE(2) (rotation ``theta`` if given), optionally noisy labels.
 
     With ``shift_sectors`` the reference heading is kept and the sector vectors are rolled by
@@ -199,7 +182,7 @@ def perturb(traj: SyntheticTrajectory, rng: np.random.Generator, *, theta: float
     if label_noise > 0:
         sectors = add_label_noise(sectors, rng, label_noise, 0.0)
     moved = replace(traj, node_xy=np.asarray(traj.node_xy) @ R.T + t, sectors=sectors,
-                    reference_yaw=ref, trajectory_id=trajectory_id or traj.trajectory_id + "+moved")
+                    reference_yaw=ref, episode_id=episode_id or traj.episode_id + "+moved")
     return moved, R.T, -R.T @ t
 
 
@@ -212,7 +195,7 @@ class _Workload:
         self.scenes: list[SyntheticScene] = []
         self.drawn = 0
 
-    def next(self) -> SyntheticTrajectory:
+    def next(self) -> TopoPolarTrajectory:
         want = self.drawn // self.per_scene + 1
         while len(self.scenes) < want:
             self.scenes.append(synthetic_scene(self.rng, f"synthetic/{len(self.scenes):05d}"))

@@ -22,7 +22,6 @@ incrementally constructed":
    a running mean of its positions and fills its ``UNKNOWN`` sectors from the new observation
    (rotated into the group's sector frame). Otherwise a **new group** starts with the trajectory
    as its summary (group frame = the trajectory's frame).
-
 5. **Fuse** (ours, ``fuse_groups``): when the trajectory is accepted by further candidate groups,
    each is fused into the chosen one (summary transformed by ``T_best o T_other^-1``, chunks
    re-pointed), so a home first seen through non-overlapping trajectories ends in one group.
@@ -36,7 +35,6 @@ later trajectories of a batch see the earlier ones.
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,7 +61,9 @@ from trajrag.memory.store import (
     MemoryStore,
     StoreError,
 )
-from trajrag.topo.labels import FREE, OBSTACLE, SPECIAL_NAMES, UNKNOWN
+from trajrag.topo.describe import describe
+from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 # Store-wide label ids are int8 in the chunks table (compact storage).
 MAX_LABEL = 127
@@ -177,16 +177,19 @@ def _attr(obj: Any, names: Iterable[str], default: Any = None) -> Any:
     return default
 
 
-def trajectory_key(traj: Any) -> str:
-    """The chunk key: ``traj.trajectory_id`` if set, else ``scene/episode/policy``."""
+def trajectory_key(traj: Any, policy: str | None = None) -> str:
+    """The chunk key: ``traj.trajectory_id`` if it has one, else ``scene_id/episode_id[/policy]``.
+
+    Pass ``policy`` when several collectors run the same episodes, so their trajectories differ.
+    """
     explicit = _attr(traj, ("trajectory_id",))
     if explicit is not None:
         return str(explicit)
-    parts = [_attr(traj, ("scene_key", "scene_id", "scene"), ""),
-             _attr(traj, ("episode_id",), ""), _attr(traj, ("policy",), "")]
+    parts = [str(_attr(traj, ("scene_id", "scene_key"), "")), str(_attr(traj, ("episode_id",), ""))]
     if not any(parts):
-        raise ValueError("trajectory has no trajectory_id, scene or episode id to key it by")
-    return "/".join(str(p) for p in parts)
+        raise ValueError("trajectory has no trajectory_id, scene_id or episode_id to key it by")
+    policy = policy if policy is not None else _attr(traj, ("policy",))
+    return "/".join(parts + ([str(policy)] if policy else []))
 
 
 def is_subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
@@ -202,17 +205,6 @@ def collapse_repeats(seq: Iterable[int]) -> tuple[int, ...]:
         if not out or out[-1] != x:
             out.append(int(x))
     return tuple(out)
-
-
-def compact_description(sectors: np.ndarray, names: dict[int, str], goal: str) -> str:
-    """A short text for a chunk: goal, node count and the objects seen with their node range."""
-    seen: dict[int, list[int]] = {}
-    for k, row in enumerate(np.asarray(sectors)):
-        for label in set(int(v) for v in row if v >= 0):
-            seen.setdefault(label, [k, k])[1] = k
-    parts = [f"{names.get(lab, lab)}@{a}" + (f"-{b}" if b != a else "")
-             for lab, (a, b) in sorted(seen.items(), key=lambda kv: kv[1][0])]
-    return f"goal {goal}; {len(sectors)} nodes; " + (", ".join(parts) if parts else "no objects")
 
 
 def _now() -> datetime:
@@ -247,7 +239,6 @@ class TrajectoryMemory:
         """(Re)load the in-memory state from the store's latest versions."""
         self._reset_pending()
         self._vocab = self.store.vocabulary()
-        self._names = {v: k for k, v in self._vocab.items()} | dict(SPECIAL_NAMES)
         self.summaries: dict[int, Summary] = {}
         self.index = NodeIndex(self.cfg.descriptor_dim)
         for row in self.store.read(SUMMARIES, [
@@ -309,7 +300,6 @@ class TrajectoryMemory:
                     raise ValueError(f"more than {MAX_LABEL + 1} categories in one store "
                                      f"(adding {name!r})")
                 self._vocab[name] = label
-                self._names[label] = name
                 self._pending.vocab.append({"label": label, "name": name})
             lut[k] = self._vocab[name]
         return lut
@@ -349,8 +339,8 @@ class TrajectoryMemory:
         mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
         mapped = mapped.astype(np.int16)
         if description is None:
-            description = _attr(traj, ("description",)) or compact_description(
-                mapped, self._names, goal)
+            # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
+            description = _attr(traj, ("description",)) or describe(traj)
         return _Prepared(
             trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
             reference_yaw=ref,
@@ -574,7 +564,7 @@ class TrajectoryMemory:
     def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
                 policy: str | None) -> Decision:
         try:
-            tid = str(trajectory_id) if trajectory_id is not None else trajectory_key(traj)
+            tid = str(trajectory_id) if trajectory_id is not None else trajectory_key(traj, policy)
         except ValueError as exc:
             return self._record(Decision("", "rejected", reason=str(exc)))
         if self.known(tid):
@@ -596,14 +586,15 @@ class TrajectoryMemory:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def insert(self, traj: Any, *, trajectory_id: str | None = None,
+    def insert(self, traj: TopoPolarLike, *, trajectory_id: str | None = None,
                description: str | None = None, policy: str | None = None) -> Decision:
         """Insert one trajectory and commit it (see the module docstring)."""
         decision = self._decide(traj, trajectory_id, description, policy)
         self.flush()
         return decision
 
-    def insert_many(self, trajs: Iterable[Any], *, policy: str | None = None) -> list[Decision]:
+    def insert_many(self, trajs: Iterable[TopoPolarLike], *,
+                    policy: str | None = None) -> list[Decision]:
         """Insert trajectories, committing every ``batch_size`` of them (one version per table)."""
         decisions: list[Decision] = []
         pending = 0
@@ -643,6 +634,21 @@ class TrajectoryMemory:
             "node_embeddings": None,
             "updated_at": _now()}
 
+    def categories(self) -> tuple[str, ...]:
+        """The store's label vocabulary: category name of each label id >= 0."""
+        return tuple(name for _, name in sorted((v, k) for k, v in self._vocab.items()))
+
+    def load_trajectory(self, trajectory_id: str) -> TopoPolarTrajectory | None:
+        """A stored chunk back as a trajectory in its own frame (categories = the store's)."""
+        row = self.store.get_chunk(trajectory_id)
+        if row is None:
+            return None
+        return TopoPolarTrajectory(
+            node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
+            sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
+            categories=self.categories(), goal=row["goal"], reference_yaw=row["reference_yaw"],
+            success=row["success"], episode_id=row["episode_id"], scene_id=row["scene_hint"])
+
     def versions(self) -> dict[str, int]:
         """Store versions to roll back to (call after ``flush``)."""
         return self.store.versions()
@@ -657,10 +663,3 @@ class TrajectoryMemory:
 def decision_counts(decisions: Iterable[Decision]) -> dict[str, int]:
     """Action -> count."""
     return dict(Counter(d.action for d in decisions))
-
-
-def timed_insert(memory: TrajectoryMemory, traj: Any) -> tuple[Decision, float]:
-    """Insert one trajectory and return its wall time in milliseconds (for benchmarks)."""
-    start = time.perf_counter()
-    decision = memory.insert(traj)
-    return decision, (time.perf_counter() - start) * 1e3

@@ -8,7 +8,9 @@ the agent reaches a new topo node, reaches its waypoint or finds it unreachable 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
 
 from trajrag.mapping.frontiers import Frontier
 from trajrag.mapping.semantic_map import SemanticMap
@@ -24,7 +26,9 @@ class PlannerContext:
     goal: goal category name. step: actions taken so far. pose: map-frame pose (m, rad).
     trajectory: the topo-polar trajectory walked so far. candidates: one per valid frontier
     (non-empty). frontiers: all frontiers of the current map (``candidates[i].frontier_index``
-    indexes them).
+    indexes them). frontier_distances: float (F,) geodesic metres from the agent to each
+    frontier over the explored free space (``inf`` if none). current_waypoint: the map-frame
+    target of the previous decision (None at the first).
     """
 
     goal: str
@@ -34,6 +38,8 @@ class PlannerContext:
     trajectory: TopoPolarTrajectory
     candidates: Sequence[CandidatePath]
     frontiers: Sequence[Frontier]
+    frontier_distances: np.ndarray
+    current_waypoint: Optional[np.ndarray] = None
 
 
 class Planner(Protocol):

@@ -8,15 +8,34 @@ from trajrag.planners.base import PlannerContext
 
 
 class NearestFrontierPlanner:
-    """Picks the candidate with the shortest path (topo path + last leg, metres)."""
+    """Picks the frontier with the shortest geodesic distance from the agent (metres).
+
+    hysteresis_m: keep going to the previous target while it is at most this much farther than
+    the nearest one, so that re-deciding at every topo node does not dither between two
+    frontiers at similar distances.
+    """
 
     name = "frontier"
+
+    def __init__(self, hysteresis_m: float = 0.0) -> None:
+        self.hysteresis_m = hysteresis_m
 
     def reset(self, goal: str, seed: int) -> None:
         pass
 
     def choose(self, ctx: PlannerContext) -> int:
-        return int(np.argmin([c.length_m for c in ctx.candidates]))
+        distances = np.array([ctx.frontier_distances[c.frontier_index] for c in ctx.candidates])
+        fallback = np.array([c.length_m for c in ctx.candidates])
+        distances = np.where(np.isfinite(distances), distances, fallback)
+        best = int(np.argmin(distances))
+        if ctx.current_waypoint is not None:
+            centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
+            same = np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= self.hysteresis_m
+            if same.any():
+                kept = int(np.flatnonzero(same)[np.argmin(distances[same])])
+                if distances[kept] <= distances[best] + self.hysteresis_m:
+                    return kept
+        return best
 
 
 class RandomFrontierPlanner:

@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import ndimage
 
+from trajrag import config as config_mod
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import Pose2D
 from trajrag.world.geodesic import ActionPath, GoalField, Motion, goal_field, shortest_action_path
@@ -82,25 +83,21 @@ class EpisodeConfig:
 
 def load_config(overrides: Sequence[str] = ()) -> EpisodeConfig:
     """``configs/episodes.yaml`` with ``episodes.key=value`` overrides."""
-    from trajrag import config
-
-    return config.load("episodes", overrides)
+    return config_mod.load("episodes", overrides)
 
 
 def check_config(cfg: EpisodeConfig) -> None:
     """``ConfigError`` naming the bad value."""
-    from trajrag.config import ConfigError
-
     if not 0 <= cfg.min_geodesic <= cfg.max_geodesic:
-        raise ConfigError(f"episodes: need 0 <= min_geodesic <= max_geodesic, got "
+        raise config_mod.ConfigError(f"episodes: need 0 <= min_geodesic <= max_geodesic, got "
                           f"{cfg.min_geodesic}, {cfg.max_geodesic}")
     if cfg.success_distance < 0 or cfg.max_steps < 1 or cfg.retries_per_episode < 1:
-        raise ConfigError(f"episodes: success_distance >= 0, max_steps >= 1 and retries_per_episode >= 1 "
+        raise config_mod.ConfigError(f"episodes: success_distance >= 0, max_steps >= 1 and retries_per_episode >= 1 "
                           f"required, got {cfg.success_distance}, {cfg.max_steps}, {cfg.retries_per_episode}")
     if cfg.geodesic_neighbourhood_radius < 1 or cfg.field_cache_size < 1:
-        raise ConfigError("episodes: geodesic_neighbourhood_radius and field_cache_size must be >= 1")
+        raise config_mod.ConfigError("episodes: geodesic_neighbourhood_radius and field_cache_size must be >= 1")
     if cfg.action_path_heuristic_weight < 1 or cfg.action_path_turn_cost_m < 0 or cfg.action_path_max_expansions < 1:
-        raise ConfigError(f"episodes: need action_path_heuristic_weight >= 1, action_path_turn_cost_m >= 0 "
+        raise config_mod.ConfigError(f"episodes: need action_path_heuristic_weight >= 1, action_path_turn_cost_m >= 0 "
                           f"and action_path_max_expansions >= 1, got {cfg.action_path_heuristic_weight}, "
                           f"{cfg.action_path_turn_cost_m}, {cfg.action_path_max_expansions}")
 
@@ -120,9 +117,7 @@ def plan_action_path(scene: Scene, goal: GoalField, pose: Pose2D, motion: Motion
 
 def default_motion() -> Motion:
     """The simulator's motion model from ``configs/sim.yaml``."""
-    from trajrag import config
-
-    return Motion.from_sim_config(config.load("sim"))
+    return Motion.from_sim_config(config_mod.load("sim"))
 
 
 def habitat_scene_id(scene: Scene) -> tuple[str, int]:

@@ -354,6 +354,13 @@ class Motion:
     turn: float
     collision_step_cells: float
 
+    def __post_init__(self) -> None:
+        # The planner treats headings as a cycle of n turns; that needs turn * n == 360 degrees.
+        if self.forward_step <= 0 or not 0 < self.turn <= math.pi or \
+                abs(self.n_headings * self.turn - 2.0 * math.pi) > 1e-6 * 2.0 * math.pi:
+            raise ValueError(f"motion model: need forward_step > 0 and a turn angle dividing 360 degrees, "
+                             f"got forward_step={self.forward_step} m, turn={math.degrees(self.turn):.4g} deg")
+
     @classmethod
     def from_sim_config(cls, sim_cfg) -> "Motion":
         """From a ``SimConfig`` (``configs/sim.yaml``)."""

@@ -1,0 +1,131 @@
+"""Semantic (Eq. 8) and geometric (Eq. 9) matching of topo-polar trajectories."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
+from trajrag.config import load
+from trajrag.memory.matching import (
+    NodeIndex,
+    mutual_knn,
+    match,
+    node_descriptors,
+    ransac_se2,
+    rotate_sectors,
+    sector_similarity,
+    sector_similarity_all,
+)
+from trajrag.topo.labels import FREE, UNKNOWN
+
+
+@pytest.fixture(scope="module")
+def params():
+    return load("memory").match_params()
+
+
+def _angle_error_deg(a: float, b: float) -> float:
+    return abs(math.degrees((a - b + math.pi) % (2 * math.pi) - math.pi))
+
+
+def test_sector_similarity_is_max_over_rotations_and_matches_a_plain_loop():
+    rng = np.random.default_rng(0)
+    A = rng.integers(-3, 6, size=(7, 12))
+    B = rng.integers(-3, 6, size=(9, 12))
+    A[2] = rng.integers(-2, 6, size=12)  # fully observed
+    B[4] = np.roll(A[2], 5)  # a node seen again from a heading 5 sectors away
+    S, shift = sector_similarity(A, B)
+    loop = np.zeros((7, 9))
+    for i in range(7):
+        for j in range(9):
+            loop[i, j] = max(((np.roll(A[i], k) == B[j]) & (B[j] != UNKNOWN)).sum() / 12 for k in range(12))
+    np.testing.assert_allclose(S, loop, atol=1e-6)
+    assert S[2, 4] == pytest.approx(1.0) and shift[2, 4] == 5
+    np.testing.assert_array_equal(rotate_sectors(A[2], int(shift[2, 4])), B[4])
+
+
+def test_unknown_sectors_are_no_evidence():
+    unknown = np.full((1, 12), UNKNOWN)
+    assert sector_similarity(unknown, unknown)[0][0, 0] == 0.0
+    half = np.array([[FREE] * 6 + [UNKNOWN] * 6])
+    assert sector_similarity(half, np.full((1, 12), FREE))[0][0, 0] == pytest.approx(0.5)
+    assert sector_similarity_all(half, half).shape == (12, 1, 1)
+
+
+def test_mutual_knn_keeps_only_reciprocal_best_pairs():
+    S = np.array([[0.9, 0.8, 0.0],
+                  [0.95, 0.1, 0.0],
+                  [0.0, 0.7, 0.6]])
+    pairs = {tuple(p) for p in mutual_knn(S, 1)}
+    # row 0's best (col 0) prefers row 1; row 2's best (col 1) prefers row 0 -> only (1, 0).
+    assert pairs == {(1, 0)}
+    assert {(1, 0), (0, 1), (2, 1), (0, 0)} <= {tuple(p) for p in mutual_knn(S, 2)}
+    assert len(mutual_knn(S, 1, min_similarity=0.99)) == 0
+
+
+def test_ransac_recovers_a_rigid_transform_among_outliers():
+    rng = np.random.default_rng(1)
+    P = rng.uniform(-5, 5, size=(30, 2))
+    theta, t = 0.7, np.array([3.0, -2.0])
+    R = np.array([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]])
+    Q = P @ R.T + t + rng.normal(0, 0.03, size=P.shape)
+    outliers = rng.choice(30, size=12, replace=False)
+    Q[outliers] = rng.uniform(-8, 8, size=(12, 2))
+    R_est, t_est, inliers = ransac_se2(P, Q, 0.3, 200, rng, huber_delta_m=0.15, refit_iterations=5)
+    assert _angle_error_deg(math.atan2(R_est[1, 0], R_est[0, 0]), theta) < 1.0
+    assert np.linalg.norm(t_est - t) < 0.1
+    assert inliers.sum() >= 17 and not inliers[outliers].any()
+
+
+@pytest.mark.parametrize("theta_deg", [90.0, -150.0, 47.0])
+def test_moved_copy_matches_and_the_transform_is_recovered(params, theta_deg):
+    rng = np.random.default_rng(2)
+    scene = synthetic_scene(rng, "home")
+    traj = synthetic_trajectory(scene, rng, "ep", length=(15, 25), label_noise=0.0, unknown_rate=0.0)
+    moved, R_back, t_back = perturb(traj, rng, theta=math.radians(theta_deg), label_noise=0.03)
+    result = match(moved, traj, params, np.random.default_rng(0))
+    assert result.accepted and result.score > 0.8
+    assert _angle_error_deg(result.transform.theta, math.atan2(R_back[1, 0], R_back[0, 0])) < 3.0
+    assert np.linalg.norm(result.transform.t - t_back) < 0.1
+
+
+def test_heading_check_rejects_geometry_that_contradicts_the_sectors(params):
+    rng = np.random.default_rng(3)
+    scene = synthetic_scene(rng, "home")
+    traj = synthetic_trajectory(scene, rng, "ep", length=(15, 25), label_noise=0.0, unknown_rate=0.0)
+    # Positions turned by 90 deg, but the sectors claim the world did not turn.
+    moved, _, _ = perturb(traj, rng, theta=math.radians(90), shift_sectors=False)
+    moved.reference_yaw = traj.reference_yaw
+    assert match(moved, traj, params, np.random.default_rng(0)).accepted is False
+
+
+def test_trajectories_of_different_homes_do_not_match(params):
+    rng = np.random.default_rng(4)
+    homes = [synthetic_scene(rng, f"home{i}") for i in range(6)]
+    accepted = 0
+    for k in range(60):
+        a = synthetic_trajectory(homes[k % 6], rng, f"a{k}")
+        b = synthetic_trajectory(homes[(k + 1) % 6], rng, f"b{k}")
+        accepted += match(a, b, params, np.random.default_rng(k)).accepted
+    assert accepted == 0
+
+
+def test_node_descriptors_are_rotation_invariant_and_index_finds_the_home():
+    rng = np.random.default_rng(5)
+    sectors = rng.integers(-3, 15, size=(20, 12))
+    d = node_descriptors(sectors, 128)
+    np.testing.assert_allclose(node_descriptors(np.roll(sectors, 4, axis=1), 128), d, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(d, axis=1), 1.0, atol=1e-5)
+    homes = [synthetic_scene(rng, f"home{i}") for i in range(30)]
+    index = NodeIndex(128)
+    for g, home in enumerate(homes):
+        # A summary: every node of the home, seen from one heading.
+        index.set_group(g, sample_sectors(home, np.arange(len(home.node_xy)), rng.uniform(0, 6)))
+    hits = sum(g in index.candidates(synthetic_trajectory(homes[g], rng, f"q{g}").sectors, 5, 10)
+               for g in range(30))
+    assert hits >= 27
+    index.remove_group(3)
+    assert 3 not in index.candidates(homes[3].labels[:, ::3], 30, 10)
