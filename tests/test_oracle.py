@@ -143,13 +143,13 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
     assert math.isinf(result.metrics.distance_to_goal)
 
 
-def test_oracle_bench_command_reports_sr_and_spl(capsys):
+def test_sim_bench_reports_steps_and_oracle_figures(capsys):
     from trajrag.cli import main
 
-    assert main(["bench", "oracle", "--quick", "--json"]) == 0
+    assert main(["bench", "sim", "--quick", "--json", "--set", "bench.oracle_procedural_scenes=procedural:val:3"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["episodes"] == 4 and out["sr"] == 1.0
-    assert 0.85 <= out["spl"] <= out["spl_bound"] + 1e-9
-    assert set(out) >= {"sr", "spl", "episodes", "dtg_m", "per_category", "scene_spec"}
-    assert main(["bench", "oracle", "--set", "oracle.benchmark_scene_spec=procedural:vall:2"]) == 2
+    assert out["oracle_episodes"] == 3 and out["oracle_sr"] == 1.0 and 0.85 <= out["oracle_spl"] <= 1.0
+    assert out["oracle_episodes_gibson"] == 25 and out["oracle_sr_gibson"] == 1.0
+    assert out["steps_per_s_640x480"] > 0 and out["steps_per_s_160x120"] > out["steps_per_s_640x480"]
+    assert main(["bench", "sim", "--quick", "--set", "bench.oracle_procedural_scenes=procedural:vall:2"]) == 2
     assert "vall" in capsys.readouterr().err

@@ -28,6 +28,7 @@ SECTIONS: dict[str, str] = {
     "episodes": "trajrag.world.episode_gen:EpisodeConfig",
     "oracle": "trajrag.agent.oracle:OracleConfig",
     "run": "trajrag.cli.run:RunConfig",
+    "bench": "trajrag.bench.world:BenchConfig",
     "navigator": "trajrag.agent.navigator:NavigatorConfig",
     "gibson": "trajrag.world.gibson:GibsonConfig",
     "perception": "trajrag.perception.oracle:PerceptionConfig",

@@ -49,17 +49,10 @@ class OracleConfig:
 
     max_replans: plans per episode before the oracle gives up with STOP.
     benchmark_sim_overrides: ``sim.*`` overrides for ``oracle_benchmark`` (it needs no images).
-    benchmark_scene_spec, benchmark_episodes_per_scene, benchmark_seed: what ``trajrag bench
-    oracle`` runs; benchmark_quick_*: the same for ``--quick``.
     """
 
     max_replans: int
     benchmark_sim_overrides: list[str]
-    benchmark_scene_spec: str
-    benchmark_episodes_per_scene: int
-    benchmark_seed: int
-    benchmark_quick_scene_spec: str
-    benchmark_quick_episodes_per_scene: int
 
 
 def load_config(overrides: Sequence[str] = ()) -> OracleConfig:
@@ -175,26 +168,3 @@ def oracle_benchmark(scene_spec: str, episodes_per_scene: int, seed: int,
               for m in (r.metrics for r in results)]
     summary["spl_bound"] = float(np.mean(bounds)) if bounds else float("nan")
     return summary
-
-
-def run_bench(args) -> dict:
-    """``trajrag bench oracle [--quick] [--set ...]``: ``oracle_benchmark`` on the configured spec,
-    plus the spec, the episodes per scene, the seed and the wall time (s)."""
-    import time
-
-    overrides = list(getattr(args, "overrides", []) or [])
-    cfg = load_config(overrides)
-    quick = bool(getattr(args, "quick", False))
-    spec = cfg.benchmark_quick_scene_spec if quick else cfg.benchmark_scene_spec
-    per_scene = cfg.benchmark_quick_episodes_per_scene if quick else cfg.benchmark_episodes_per_scene
-    from trajrag.cli import UserError
-    from trajrag.world.datasets import DatasetError
-
-    start = time.perf_counter()
-    try:
-        out = oracle_benchmark(spec, per_scene, cfg.benchmark_seed, overrides)
-    except DatasetError as exc:
-        raise UserError(f"oracle.benchmark_scene_spec: {exc}") from None
-    out.update(scene_spec=spec, episodes_per_scene=per_scene, seed=cfg.benchmark_seed,
-               seconds=time.perf_counter() - start)
-    return out

@@ -10,11 +10,10 @@ from trajrag.cli import add_override_arg
 
 # name -> "module:function"; the function takes the parsed args and returns a JSON-able dict.
 BENCHES: dict[str, str] = {
-    "sim": "trajrag.bench.sim:run",
+    "sim": "trajrag.bench.world:run",
     "topo": "trajrag.bench.topo:run",
     "store": "trajrag.bench.store:run",
     "mapping": "trajrag.bench.mapping:run",
-    "oracle": "trajrag.agent.oracle:run_bench",
 }
 
 

@@ -1,0 +1,254 @@
+"""The TrajRAG memory in LanceDB: incremental insert, grouping, idempotency, readers, rollback."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
+from trajrag.config import load
+from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
+from trajrag.memory.stats import corpus_stats
+from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError
+from trajrag.topo.trajectory import TopoPolarTrajectory
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load("memory")
+
+
+@pytest.fixture(scope="module")
+def homes():
+    rng = np.random.default_rng(7)
+    return [synthetic_scene(rng, f"home{i:02d}") for i in range(12)]
+
+
+def _memory(tmp_path: Path, cfg, **overrides) -> TrajectoryMemory:
+    return TrajectoryMemory(str(tmp_path / "memory"), replace(cfg, **overrides))
+
+
+def _trajs(homes, n: int, seed: int, prefix: str, **kw) -> list[TopoPolarTrajectory]:
+    rng = np.random.default_rng(seed)
+    return [synthetic_trajectory(homes[k % len(homes)], rng, f"{prefix}{k}", **kw) for k in range(n)]
+
+
+def _counts(store: MemoryStore) -> tuple[int, int, int]:
+    return store.count(CHUNKS), store.count(SUMMARIES), store.count(DECISIONS)
+
+
+def _angle_error_deg(a: float, b: float) -> float:
+    return abs(math.degrees((a - b + math.pi) % (2 * math.pi) - math.pi))
+
+
+def test_same_id_twice_is_a_no_op_and_same_nodes_new_id_is_redundant(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    traj = _trajs(homes, 1, 0, "ep", length=(12, 20))[0]
+    first = memory.insert(traj)
+    assert first.action == "new"
+    before, versions = _counts(memory.store), memory.store.versions()
+
+    again = memory.insert(traj)
+    assert again.action == "duplicate"
+    assert _counts(memory.store) == before and memory.store.versions() == versions
+
+    copy = replace(traj, episode_id="ep0-again")
+    decision = memory.insert(copy)
+    assert decision.action == "redundant" and decision.other_id == trajectory_key(traj)
+    assert memory.store.count(CHUNKS) == 1
+    assert memory.store.read(DECISIONS, where="action = 'redundant'").num_rows == 1
+
+
+def test_a_member_contained_in_a_new_trajectory_is_dropped(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    long = _trajs(homes, 1, 1, "long", length=(16, 24), label_noise=0.0, unknown_rate=0.0)[0]
+    short = replace(long, node_xy=long.node_xy[:8], sectors=long.sectors[:8], episode_id="short")
+    assert memory.insert(short).action == "new"
+    decision = memory.insert(long)
+    assert decision.action == "merge" and decision.superseded == [trajectory_key(short)]
+    assert memory.store.get_chunk(trajectory_key(short)) is None
+    assert memory.store.get_chunk(trajectory_key(long))["group_id"] == decision.group_id
+    assert memory.insert(short).action == "duplicate"  # dropped for good, not re-added
+
+
+@pytest.mark.parametrize("theta_deg", [120.0, -60.0, 47.0])
+def test_moved_copy_merges_into_its_group_with_the_transform_recovered(tmp_path, cfg, homes, theta_deg):
+    memory = _memory(tmp_path, cfg)
+    rng = np.random.default_rng(2)
+    traj = _trajs(homes, 1, 2, "ep", length=(12, 20))[0]
+    first = memory.insert(traj)
+    moved, R_back, t_back = perturb(traj, rng, theta=math.radians(theta_deg), label_noise=0.03)
+    # Another goal, so that the copy is not redundant and is merged.
+    moved = replace(moved, goal="toilet" if traj.goal != "toilet" else "bed")
+    decision = memory.insert(moved)
+    assert decision.action == "merge" and decision.group_id == first.group_id
+    T = decision.transform
+    assert _angle_error_deg(T.theta, math.atan2(R_back[1, 0], R_back[0, 0])) < 3.0
+    assert np.linalg.norm(T.t - t_back) < 0.1
+    # Every node was already in the summary: merging added none.
+    assert memory.summaries[first.group_id].n_nodes == len(traj)
+    row = memory.store.get_chunk(trajectory_key(moved))
+    np.testing.assert_allclose(row["group_transform"], T.as_list(), atol=1e-5)
+
+
+def test_trajectories_of_different_homes_do_not_merge(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    memory.insert_many(_trajs(homes[:2], 40, 3, "pair"))
+    stats = corpus_stats(memory.store)
+    assert stats["purity"] == 1.0
+    assert stats["groups"] >= 2
+    assert set(stats) >= {"chunks", "groups", "actions", "purity", "completeness", "bytes_per_chunk"}
+    assert stats["bytes_per_chunk"] <= 4096
+
+
+def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes):
+    batch = _trajs(homes, 24, 4, "b")
+    memory = _memory(tmp_path, cfg, batch_size=8)
+    memory.insert_many(batch)
+    after_once = _counts(memory.store)
+
+    reopened = _memory(tmp_path, cfg, batch_size=8)
+    assert {d.action for d in reopened.insert_many(batch)} == {"duplicate"}
+    assert _counts(reopened.store) == after_once
+
+    # A process killed after the tables were written but before the journal row.
+    more = _trajs(homes, 8, 5, "c")
+
+    def killed(kind: str) -> None:
+        raise KeyboardInterrupt("simulated crash")
+
+    reopened.store._log = killed
+    with pytest.raises(KeyboardInterrupt):
+        reopened.insert_many(more)
+    assert reopened.store.count(CHUNKS) > after_once[0]  # half-written batch on disk
+
+    recovered = _memory(tmp_path, cfg, batch_size=8)  # the next writer undoes it
+    assert _counts(recovered.store) == after_once
+    recovered.insert_many(more)
+    recovered.insert_many(more)
+    ids = recovered.store.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
+    assert len(ids) == len(set(ids)) == recovered.n_chunks
+
+
+def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    memory.insert(_trajs(homes, 1, 6, "seed")[0])  # the store exists before the reader opens it
+    boundaries = {memory.store.count(CHUNKS)}
+    reader = MemoryStore(str(tmp_path / "memory"), read_only=True)
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read_loop() -> None:
+        try:
+            while not stop.is_set():
+                ids = reader.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
+                assert len(ids) == len(set(ids))
+                seen.append(len(ids))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    try:
+        trajs = _trajs(homes, 60, 7, "w")
+        for start in range(0, 60, 6):
+            memory.insert_many(trajs[start:start + 6])
+            boundaries.add(memory.store.count(CHUNKS))
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors
+    assert len(seen) >= 5
+    assert set(seen) <= boundaries  # never a partial batch
+    assert seen == sorted(seen)
+    assert reader.count(CHUNKS) == memory.n_chunks
+
+
+def test_rollback_restores_the_previous_version_after_a_bad_batch(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    good = _trajs(homes[:3], 15, 8, "good")
+    memory.insert_many(good)
+    versions, counts, groups = memory.versions(), _counts(memory.store), memory.n_groups
+
+    bad = _trajs(homes[3:], 15, 9, "bad")
+    memory.insert_many(bad)
+    assert memory.store.count(CHUNKS) > counts[0]
+    memory.rollback(versions)
+    assert _counts(memory.store) == counts and memory.n_groups == groups
+    assert memory.n_chunks == counts[0]
+    assert memory.insert(bad[0]).action != "duplicate"  # really gone, not just hidden
+
+    # A commit that fails part-way leaves the store as it was.
+    before = _counts(memory.store)
+    table = memory.store.table(CHUNKS)
+    original_add = table.add
+    table.add = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("disk full"))
+    with pytest.raises(StoreError, match="rolled back"):
+        memory.insert(bad[1])
+    table.add = original_add
+    assert _counts(memory.store) == before
+    assert memory.insert(bad[1]).action in {"new", "merge"}
+
+
+def test_bad_trajectories_are_rejected_with_a_reason_and_change_nothing(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    memory.insert(_trajs(homes, 1, 10, "ok")[0])
+    chunks, summaries = memory.store.count(CHUNKS), memory.store.count(SUMMARIES)
+    good = _trajs(homes, 1, 11, "x")[0]
+    fields = dict(node_xy=good.node_xy, sectors=good.sectors, edges=good.edges,
+                  categories=good.categories, goal="chair", reference_yaw=0.0, scene_id="s")
+    one_node = SimpleNamespace(**dict(fields, node_xy=good.node_xy[:1], sectors=good.sectors[:1],
+                                      episode_id="one"))
+    nan_xy = good.node_xy.copy()
+    nan_xy[2, 0] = np.nan
+    with_nan = SimpleNamespace(**dict(fields, node_xy=nan_xy, episode_id="nan"))
+    bad_labels = good.sectors.copy()
+    bad_labels[0, 0] = 99
+    unknown_label = SimpleNamespace(**dict(fields, sectors=bad_labels, episode_id="label"))
+    reasons = {}
+    for traj in (one_node, with_nan, unknown_label):
+        decision = memory.insert(traj)
+        assert decision.action == "rejected"
+        reasons[traj.episode_id] = decision.reason
+    assert "at least 2 nodes" in reasons["one"]
+    assert "non-finite" in reasons["nan"]
+    assert "99" in reasons["label"]
+    assert (memory.store.count(CHUNKS), memory.store.count(SUMMARIES)) == (chunks, summaries)
+    logged = memory.store.read(DECISIONS, where="action = 'rejected'").column("reason").to_pylist()
+    assert sorted(logged) == sorted(reasons.values())
+
+
+def test_a_corrupted_table_gives_a_clear_error_and_the_previous_version_stays_readable(
+        tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    memory.insert_many(_trajs(homes, 6, 12, "v1"))
+    v1, n1 = memory.versions(), memory.store.count(CHUNKS)
+    memory.insert_many(_trajs(homes, 6, 13, "v2"))
+    data = sorted((tmp_path / "memory" / "chunks.lance" / "data").glob("*.lance"),
+                  key=lambda p: p.stat().st_mtime)
+    data[-1].write_bytes(b"not a lance file")  # the newest fragment is damaged
+
+    store = MemoryStore(str(tmp_path / "memory"), read_only=True)
+    with pytest.raises(StoreError, match="chunks.*unreadable"):
+        store.verify()
+    store.checkout(v1)
+    assert store.read(CHUNKS, ["trajectory_id"]).num_rows == n1
+
+
+def test_a_stored_chunk_reads_back_as_the_trajectory(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    traj = _trajs(homes, 1, 14, "rt")[0]
+    memory.insert(traj)
+    back = memory.load_trajectory(trajectory_key(traj))
+    np.testing.assert_allclose(back.node_xy, traj.node_xy, atol=1e-5)
+    names = [[traj.categories[c] if c >= 0 else c for c in row] for row in traj.sectors.tolist()]
+    names_back = [[back.categories[c] if c >= 0 else c for c in row] for row in back.sectors.tolist()]
+    assert names_back == names and back.goal == traj.goal
+    assert "Goal:" in memory.store.get_chunk(trajectory_key(traj))["description"]
