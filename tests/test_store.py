@@ -68,7 +68,8 @@ def test_same_id_twice_is_a_no_op_and_same_nodes_new_id_is_redundant(tmp_path, c
 def test_a_member_contained_in_a_new_trajectory_is_dropped(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     long = _trajs(homes, 1, 1, "long", length=(16, 24), label_noise=0.0, unknown_rate=0.0)[0]
-    short = replace(long, node_xy=long.node_xy[:8], sectors=long.sectors[:8], episode_id="short")
+    short = TopoPolarTrajectory(long.node_xy[:8], long.sectors[:8], long.categories, long.goal,
+                                long.reference_yaw, episode_id="short", scene_id=long.scene_id)
     assert memory.insert(short).action == "new"
     decision = memory.insert(long)
     assert decision.action == "merge" and decision.superseded == [trajectory_key(short)]
@@ -107,7 +108,8 @@ def test_trajectories_of_different_homes_do_not_merge(tmp_path, cfg, homes):
     assert stats["bytes_per_chunk"] <= 4096
 
 
-def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes):
+@pytest.mark.parametrize("dies", ["chunks", "commits"])
+def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes, dies):
     batch = _trajs(homes, 24, 4, "b")
     memory = _memory(tmp_path, cfg, batch_size=8)
     memory.insert_many(batch)
@@ -117,16 +119,18 @@ def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg
     assert {d.action for d in reopened.insert_many(batch)} == {"duplicate"}
     assert _counts(reopened.store) == after_once
 
-    # A process killed after the tables were written but before the journal row.
+    # The process dies while one write of a batch (the chunks, or the journal row) is under way
+    # and the other tables have been written.
     more = _trajs(homes, 8, 5, "c")
 
-    def killed(kind: str) -> None:
+    def killed(*args, **kwargs):
         raise KeyboardInterrupt("simulated crash")
 
-    reopened.store._log = killed
+    table = reopened.store.table(dies)
+    table.add = killed
     with pytest.raises(KeyboardInterrupt):
         reopened.insert_many(more)
-    assert reopened.store.count(CHUNKS) > after_once[0]  # half-written batch on disk
+    assert _counts(reopened.store) != after_once  # a half-written batch is on disk
 
     recovered = _memory(tmp_path, cfg, batch_size=8)  # the next writer undoes it
     assert _counts(recovered.store) == after_once
@@ -134,6 +138,7 @@ def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg
     recovered.insert_many(more)
     ids = recovered.store.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
     assert len(ids) == len(set(ids)) == recovered.n_chunks
+    assert recovered.n_chunks > after_once[0]
 
 
 def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, cfg, homes):

@@ -241,7 +241,7 @@ class TrajectoryMemory:
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
         self.index = NodeIndex(self.cfg.descriptor_dim)
-        for row in self.store.read(SUMMARIES, [
+        for row in self.store.read_summaries([
             "group_id", "node_xy", "sectors", "node_count", "edges", "reference_yaw",
             "n_members", "scene_hints", "goals"]).to_pylist():
             summary = Summary(
@@ -338,17 +338,18 @@ class TrajectoryMemory:
             return str(exc)
         mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
         mapped = mapped.astype(np.int16)
+        success = bool(_attr(traj, ("success",), False))
         if description is None:
             # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
-            description = _attr(traj, ("description",)) or describe(traj)
+            description = _attr(traj, ("description",)) or describe(TopoPolarTrajectory(
+                xy, sectors, categories, goal, ref, success=success))
         return _Prepared(
             trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
             reference_yaw=ref,
             scene_hint=str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), "")),
             episode_id=str(_attr(traj, ("episode_id",), "")),
             policy=str(policy if policy is not None else _attr(traj, ("policy",), "")),
-            success=bool(_attr(traj, ("success",), False)),
-            description=str(description))
+            success=success, description=str(description))
 
     # -- matching ------------------------------------------------------------------------------
 
@@ -534,7 +535,7 @@ class TrajectoryMemory:
         self._repoint_chunks(other, gid, node_map, T)
         self._pending_groups.discard(other)
         self._pending_groups.add(gid)
-        self._pending.delete_group_ids.append(other)
+        self._pending.fused_groups[other] = gid
         self._record(Decision(tid, "fuse", gid, score, T, other_id=str(other),
                               reason=f"group {other} fused into {gid} ({len(new)} new nodes)"))
 

@@ -54,7 +54,7 @@ def corpus_stats(store: MemoryStore | str) -> dict:
     return {
         "uri": store.uri,
         "chunks": n,
-        "groups": store.count(SUMMARIES),
+        "groups": store.count_groups(),
         "actions": dict(sorted(actions.items())),
         "purity": None if purity is None else round(purity, 4),
         "completeness": None if completeness is None else round(completeness, 4),

@@ -11,10 +11,15 @@ Tables (one row each):
   with ``group_transform`` (theta, tx, ty) into the group frame and ``summary_nodes``, the summary
   node each trajectory node was fused into. ``sectors`` is flattened (K * 12) int8 in the store's
   label vocabulary. ``embedding`` stays null until the trajectory encoder exists.
-* ``summaries``: one topo-polar summary per group, in the group frame: fused node positions,
+* ``summaries``: the topo-polar summary of each group, in the group frame: fused node positions,
   per-node descriptors (the sector vectors, from which the prefilter's rotation-invariant node
   descriptors are derived, and node embeddings, null until the node encoder exists), edges,
-  per-node observation counts, member count, scene hints and goals seen.
+  per-node observation counts, member count, scene hints and goals seen. The table is
+  append-only: a changed summary is a new row with a higher ``revision`` (the commit's journal
+  seq), and a group fused into another gets a tombstone row (``fused_into`` set). The current
+  summaries are the newest row of each group that is not a tombstone (``read_summaries``);
+  ``compact`` rewrites the table to just those. Appending keeps a commit to plain ``add`` calls
+  (an upsert costs 3-4 appends).
 * ``decisions``: what each insert did (``new``, ``merge``, ``redundant``, ``rejected``, and ``fuse``
   when a trajectory joined two groups into one), with group, score, transform and a reason.
   ``duplicate`` inserts (an id already stored) write nothing.
@@ -29,21 +34,28 @@ by ``trajectory_id`` is checked by the writer against the ids it loaded at open 
 has written since), which is exact under the single-writer assumption.
 
 A batch spans several tables, and LanceDB commits each table on its own, so batches are made
-atomic with the ``commits`` journal: the tables are written first (vocab, summaries, decisions,
-chunks), then one journal row records their versions. If a commit fails part-way the tables are
-restored to the journal's versions at once; if the process died part-way, the next writer that
-opens the store finds tables ahead of the journal and restores them (``recover``). A re-insert
-after a crash therefore sees either the whole batch or none of it, and never duplicates a chunk.
-Readers that need one consistent view across tables ``checkout(snapshot())``.
+atomic with the ``commits`` journal. A batch makes exactly one new version of each table it
+touches (appends with ``add``; upserts and deletions in one ``merge_insert``), so its versions
+are known in advance and one journal row records them, written concurrently with the data. The
+store's *snapshot* is the newest journal row whose versions all exist. If a commit fails
+part-way the tables are restored to the previous snapshot at once; if the process died
+part-way, the next writer that opens the store finds tables out of step with the journal and
+restores them (``recover``). A re-insert after a crash therefore sees either the whole batch or
+none of it, and never duplicates a chunk. A reader of one table never sees half a batch;
+readers that need one consistent view across tables ``checkout(snapshot())``.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 CHUNKS = "chunks"
 SUMMARIES = "summaries"
@@ -92,6 +104,8 @@ def summary_schema() -> pa.Schema:
     return pa.schema(
         [
             pa.field("group_id", pa.int64(), nullable=False),
+            pa.field("revision", pa.int64(), nullable=False),
+            pa.field("fused_into", pa.int64(), nullable=True),
             pa.field("n_nodes", pa.int32()),
             pa.field("node_xy", pa.list_(pa.float32())),
             pa.field("sectors", pa.list_(pa.int8())),
@@ -135,8 +149,9 @@ COMMIT_SCHEMA = pa.schema(
 
 @dataclass
 class Batch:
-    """Rows to commit together. ``summaries`` and ``chunk_updates`` are upserts keyed by
-    ``group_id`` and ``trajectory_id``; ``delete_*`` remove rows by key."""
+    """Rows to commit together. ``summaries`` are new revisions (the store sets ``revision``);
+    ``fused_groups`` maps a group fused away to the group it went into; ``chunk_updates`` replace
+    chunks by ``trajectory_id`` and ``delete_chunk_ids`` remove them."""
 
     chunks: list[dict] = field(default_factory=list)
     summaries: list[dict] = field(default_factory=list)
@@ -144,11 +159,11 @@ class Batch:
     vocab: list[dict] = field(default_factory=list)
     chunk_updates: list[dict] = field(default_factory=list)
     delete_chunk_ids: list[str] = field(default_factory=list)
-    delete_group_ids: list[int] = field(default_factory=list)
+    fused_groups: dict[int, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.chunks or self.summaries or self.decisions or self.vocab
-                     or self.chunk_updates or self.delete_chunk_ids or self.delete_group_ids)
+                     or self.chunk_updates or self.delete_chunk_ids or self.fused_groups)
 
 
 def sql_str(value: str) -> str:
@@ -200,6 +215,9 @@ class MemoryStore:
         if embedding_dim is not None and embedding_dim != self.embedding_dim:
             raise StoreError(f"memory store {self.uri}: embedding_dim is {self.embedding_dim} in "
                              f"the store, {embedding_dim} was asked for")
+        # Concurrent writes of one batch: one thread per table plus the journal.
+        self._pool = ThreadPoolExecutor(max_workers=len(TABLES) + 1,
+                                        thread_name_prefix="trajrag-store")
         self._load_journal()
         if self._snapshot is None and not read_only:
             self._log("create")
@@ -247,23 +265,33 @@ class MemoryStore:
 
     # -- versions and the journal --------------------------------------------------------------
 
+    def _journal_rows(self) -> list[dict]:
+        rows = self._journal.search().limit(None).to_arrow().to_pylist()
+        return sorted(rows, key=lambda r: r["seq"], reverse=True)
+
     def _load_journal(self) -> None:
-        rows = self._journal.search().limit(None).to_arrow()
-        if rows.num_rows == 0:
-            self._snapshot: dict[str, int] | None = None
-            self._seq = 0
-            return
-        last = max(rows.to_pylist(), key=lambda r: r["seq"])
-        self._snapshot = {name: int(last[f"{name}_version"]) for name in TABLES}
-        self._seq = int(last["seq"]) + 1
+        """The snapshot is the newest journal row whose versions all exist (<= the tables' own):
+        a row written for a batch that then failed part-way claims versions that never came."""
+        rows = self._journal_rows()
+        current = self.versions()
+        self._seq = int(rows[0]["seq"]) + 1 if rows else 0
+        self._snapshot: dict[str, int] | None = None
+        for row in rows:
+            versions = {name: int(row[f"{name}_version"]) for name in TABLES}
+            if all(versions[name] <= current[name] for name in TABLES):
+                self._snapshot = versions
+                return
+
+    def _journal_row(self, kind: str, versions: dict[str, int]) -> pa.Table:
+        row = {"seq": self._seq, "kind": kind, "created_at": _now()}
+        row.update({f"{name}_version": int(v) for name, v in versions.items()})
+        self._seq += 1
+        return pa.Table.from_pylist([row], schema=COMMIT_SCHEMA)
 
     def _log(self, kind: str) -> None:
         versions = self.versions()
-        row = {"seq": self._seq, "kind": kind, "created_at": _now()}
-        row.update({f"{name}_version": v for name, v in versions.items()})
-        self._journal.add(pa.Table.from_pylist([row], schema=COMMIT_SCHEMA))
+        self._journal.add(self._journal_row(kind, versions))
         self._snapshot = versions
-        self._seq += 1
 
     def versions(self) -> dict[str, int]:
         """The current version of each data table."""
@@ -314,56 +342,93 @@ class MemoryStore:
     def commit(self, batch: Batch) -> dict[str, int]:
         """Write one batch atomically (see the module docstring) and return the new snapshot.
 
-        On any failure the tables are restored to the snapshot before the batch and
-        ``StoreError`` is raised.
+        Every table gets at most one new version per batch, so the versions after the batch are
+        known beforehand and the journal row is written *together with* the data (all writes run
+        concurrently: a commit costs about one write, not five). On any failure the tables are
+        restored to the snapshot before the batch and ``StoreError`` is raised.
         """
         if self.read_only:
             raise StoreError(f"memory store {self.uri}: opened read-only")
         before = self.snapshot()
-        try:
-            self._write(batch)
-            self._log("batch")
-        except Exception as exc:
+        writes = self._writes(batch)
+        if not writes:
+            return before
+        expected = dict(before, **{name: before[name] + 1 for name in writes})
+        journal = self._journal_row("batch", expected)  # the seq _writes stamped on summaries
+        futures = {name: self._pool.submit(fn) for name, fn in writes.items()}
+        futures[COMMITS] = self._pool.submit(self._journal.add, journal)
+        errors, actual = [], dict(before)
+        for name, future in futures.items():
+            try:
+                result = future.result()
+                if name != COMMITS:
+                    actual[name] = int(result.version)
+            except Exception as exc:  # noqa: BLE001 - collected, then rolled back
+                errors.append(f"{name}: {exc}")
+        if errors:
             try:
                 self.rollback(before)
             except StoreError as inner:
-                raise StoreError(f"{inner}; the failed batch ({exc}) is partly written, the next "
-                                 "writer to open the store will undo it") from exc
+                raise StoreError(f"{inner}; the failed batch ({'; '.join(errors)}) is partly "
+                                 "written, the next writer to open the store will undo it") from None
             raise StoreError(f"memory store {self.uri}: batch not written, store rolled back to "
-                             f"{before}: {exc}") from exc
+                             f"{before}: {'; '.join(errors)}")
+        self._snapshot = actual
+        if actual != expected:  # e.g. a retried commit took two versions: record what is true
+            self._log("batch")
         return dict(self._snapshot)
 
-    def _write(self, batch: Batch) -> None:
-        t = self._tables
+    def _writes(self, batch: Batch) -> dict[str, Any]:
+        """One callable per table to write (each makes exactly one new version)."""
+        t, writes = self._tables, {}
         if batch.vocab:
-            t[VOCAB].add(pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA))
-        if batch.summaries:
-            rows = pa.Table.from_pylist(batch.summaries, schema=summary_schema())
-            (t[SUMMARIES].merge_insert("group_id").when_matched_update_all()
-             .when_not_matched_insert_all().execute(rows))
-        if batch.delete_group_ids:
-            ids = ", ".join(str(int(g)) for g in batch.delete_group_ids)
-            t[SUMMARIES].delete(f"group_id IN ({ids})")
+            vocab = pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA)
+            writes[VOCAB] = partial(t[VOCAB].add, vocab)
+        if batch.summaries or batch.fused_groups:
+            tombstones = [{"group_id": int(g), "fused_into": int(into)}
+                          for g, into in batch.fused_groups.items()]
+            rows = [dict(r, revision=self._seq) for r in [*batch.summaries, *tombstones]]
+            writes[SUMMARIES] = partial(t[SUMMARIES].add,
+                                        pa.Table.from_pylist(rows, schema=summary_schema()))
         if batch.decisions:
-            t[DECISIONS].add(pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA))
+            decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
+            writes[DECISIONS] = partial(t[DECISIONS].add, decisions)
         schema = chunk_schema(self.embedding_dim)
-        if batch.chunks:
-            t[CHUNKS].add(pa.Table.from_pylist(batch.chunks, schema=schema))
-        if batch.chunk_updates:
-            rows = pa.Table.from_pylist(batch.chunk_updates, schema=schema)
-            # LanceDB's merge path counts a null vector as a wrong-sized one; "null" keeps it null.
-            (t[CHUNKS].merge_insert("trajectory_id").when_matched_update_all()
-             .execute(rows, on_bad_vectors="null"))
-        if batch.delete_chunk_ids:
-            ids = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
-            t[CHUNKS].delete(f"trajectory_id IN ({ids})")
+        if batch.chunk_updates or batch.delete_chunk_ids:
+            chunks = pa.Table.from_pylist(batch.chunks + batch.chunk_updates, schema=schema)
+            dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
+            writes[CHUNKS] = partial(self._upsert, t[CHUNKS], "trajectory_id", chunks,
+                                     f"trajectory_id IN ({dropped})" if dropped else None)
+        elif batch.chunks:
+            writes[CHUNKS] = partial(t[CHUNKS].add, pa.Table.from_pylist(batch.chunks, schema=schema))
+        return writes
+
+    @staticmethod
+    def _upsert(table: Any, key: str, rows: pa.Table, delete_where: str | None) -> Any:
+        """Insert or replace ``rows`` by ``key`` and delete rows matching ``delete_where``, as one
+        version (a reader never sees the deletion without the insertion)."""
+        builder = table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
+        if delete_where:
+            builder = builder.when_not_matched_by_source_delete(delete_where)
+        # LanceDB's merge path counts a null vector as a wrong-sized one; "null" keeps it null.
+        return builder.execute(rows, on_bad_vectors="null")
 
     def compact(self, cleanup_older_than: timedelta | None = None) -> None:
-        """Merge small fragments (one per single insert) and prune versions older than
-        ``cleanup_older_than`` (LanceDB default: 7 days, so rollback history is kept)."""
+        """Rewrite the summaries to their current rows, merge small fragments (one per single
+        insert) and prune versions older than ``cleanup_older_than`` (LanceDB default: 7 days, so
+        rollback history is kept). One journal row records the result."""
+        if self.read_only:
+            raise StoreError(f"memory store {self.uri}: opened read-only")
+        current = self.read_summaries()
+        if current.num_rows < self.count(SUMMARIES):
+            self._tables[SUMMARIES].add(current, mode="overwrite")
         for table in (*self._tables.values(), self._journal):
             table.optimize(cleanup_older_than=cleanup_older_than)
         self._log("compact")
+
+    def close(self) -> None:
+        """Stop the writer threads (also done at interpreter exit)."""
+        self._pool.shutdown(wait=True)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -396,14 +461,34 @@ class MemoryStore:
         where = "trajectory_id IN (" + ", ".join(sql_str(i) for i in ids) + ")"
         return self.read(CHUNKS, where=where).to_pylist()
 
+    def read_summaries(self, columns: Iterable[str] | None = None,
+                       where: str | None = None) -> pa.Table:
+        """The current summary of each group (newest revision, tombstones dropped), by group_id."""
+        cols = None if columns is None else list(dict.fromkeys(
+            ["group_id", "revision", "fused_into", *columns]))
+        rows = self.read(SUMMARIES, cols, where)
+        if rows.num_rows == 0:
+            return rows if columns is None else rows.select(list(columns))
+        order = pc.sort_indices(rows, [("group_id", "ascending"), ("revision", "descending")])
+        rows = rows.take(order)
+        gid = rows.column("group_id").to_numpy()
+        first = np.ones(len(gid), dtype=bool)
+        first[1:] = gid[1:] != gid[:-1]
+        rows = rows.filter(pa.array(first))
+        rows = rows.filter(pc.is_null(rows.column("fused_into")))
+        return rows if columns is None else rows.select(list(columns))
+
     def get_summary(self, group_id: int) -> dict | None:
-        rows = self.read(SUMMARIES, where=f"group_id = {int(group_id)}").to_pylist()
+        rows = self.read_summaries(where=f"group_id = {int(group_id)}").to_pylist()
         return rows[0] if rows else None
 
     def list_groups(self) -> list[dict]:
         """Every group: group_id, n_nodes, n_members, scene_hints, goals (sorted by group_id)."""
         cols = ["group_id", "n_nodes", "n_members", "scene_hints", "goals"]
-        return sorted(self.read(SUMMARIES, cols).to_pylist(), key=lambda r: r["group_id"])
+        return self.read_summaries(cols).to_pylist()
+
+    def count_groups(self) -> int:
+        return self.read_summaries(["group_id"]).num_rows
 
     def vocabulary(self) -> dict[str, int]:
         """Category name -> store-wide label id."""
