@@ -257,3 +257,18 @@ def test_a_stored_chunk_reads_back_as_the_trajectory(tmp_path, cfg, homes):
     names_back = [[back.categories[c] if c >= 0 else c for c in row] for row in back.sectors.tolist()]
     assert names_back == names and back.goal == traj.goal
     assert "Goal:" in memory.store.get_chunk(trajectory_key(traj))["description"]
+
+
+def test_compaction_keeps_the_current_summaries_and_everything_readable(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg, batch_size=4)
+    memory.insert_many(_trajs(homes[:3], 30, 15, "k"))
+    groups = memory.store.list_groups()
+    rows_before = memory.store.count(SUMMARIES)
+    assert rows_before > len(groups)  # revisions and tombstones pile up between compactions
+    memory.store.compact()
+    assert memory.store.count(SUMMARIES) == len(groups)
+    assert memory.store.list_groups() == groups
+    reopened = _memory(tmp_path, cfg)
+    assert reopened.n_groups == len(groups) and reopened.n_chunks == memory.n_chunks
+    assert {g: s.n_nodes for g, s in reopened.summaries.items()} == {
+        g: s.n_nodes for g, s in memory.summaries.items()}

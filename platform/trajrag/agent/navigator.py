@@ -99,6 +99,7 @@ class Navigator:
         self.builder.observe(obs)
         if self.spin_left > 0:  # a first look around, as SemExp / VLFM do, so frontiers are real
             self.spin_left -= 1
+            self.policy.interrupt()
             return Action.TURN_LEFT
         sem, pose = self.builder.map, obs.pose
         goal_xy = None if self.goal_blocked else self._nearest_goal_cell(pose)
@@ -131,6 +132,7 @@ class Navigator:
             # choosing it again would loop forever.
             self.blacklist.append(self.waypoint)
             self.waypoint = None
+        self.policy.interrupt()
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
 
     def _needs_decision(self, obs: Observations) -> bool:
@@ -157,6 +159,7 @@ class Navigator:
             # Every frontier failed once. Failures are often transient (a collision mark, a
             # frontier seen from a bad angle): forget them and try again before giving up.
             self.blacklist = []
+            self.policy.reset()  # collision marks may be what walled the agent in
             frontiers = all_frontiers
         if not frontiers:
             return False

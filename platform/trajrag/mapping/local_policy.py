@@ -15,8 +15,12 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
    the inflation moves to the nearest plannable cell within ``goal_snap_radius_m``. Replans when
    the waypoint moves, every ``replan_every_steps`` steps, when a newly mapped obstacle blocks
    the remaining path, or when the agent is more than ``off_path_m`` from it.
-3. **Following**: aim at the path point ``lookahead_m`` ahead of the nearest path point; turn
-   toward it while the heading error exceeds half the turn angle, else MOVE_FORWARD.
+3. **Following** on the action lattice: of the headings one or more turns away, take the one
+   whose forward step lands lowest on the plan's cost-to-go field while staying clear of the
+   inflated obstacles along the whole step; turn toward it, or MOVE_FORWARD once facing it. With
+   12 headings and 0.25 m steps, aiming at a lookahead point cannot thread a doorway that is
+   only a few cells wider than the agent: this can. Where no step makes progress, fall back to
+   aiming at the path point ``lookahead_m`` ahead.
 
 The policy never returns STOP: when the waypoint is reached or unreachable it returns no action
 and says so; whether to STOP (goal found) or ask the planner again is the agent loop's call.
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+
+from skimage.graph import MCP_Geometric
 
 from trajrag.mapping.astar import astar
 from trajrag.mapping.semantic_map import SemanticMap, pose_values, dilate_disk
@@ -54,6 +60,7 @@ class PolicyConfig:
     collision_move_fraction: float
     collision_mark_ahead_m: float
     collision_mark_radius_m: float
+    stamp_after_blocked_headings: int
     stuck_window_steps: int
     stuck_min_displacement_m: float
     max_recoveries: int
@@ -97,7 +104,7 @@ def validate_config(cfg: PolicyConfig) -> None:
     for key in ("lookahead_m", "waypoint_radius_m", "off_path_m", "collision_mark_ahead_m"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"policy.{key} must be > 0, got {getattr(cfg, key)}")
-    for key in ("replan_every_steps", "stuck_window_steps", "max_recoveries"):
+    for key in ("replan_every_steps", "stuck_window_steps", "max_recoveries", "stamp_after_blocked_headings"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"policy.{key} must be >= 1, got {getattr(cfg, key)}")
     if not 0.0 < cfg.collision_move_fraction <= 1.0:
@@ -128,6 +135,9 @@ class LocalPolicy:
         self.collision: np.ndarray | None = None
         self._map_frame: tuple | None = None
         self._path: np.ndarray | None = None  # (K, 2) cells
+        self._field = np.zeros((0, 0))  # cost-to-go to the planned goal over the plan's window
+        self._blocked_moves: dict[tuple[int, int], set[float]] = {}  # cell -> headings that collided
+        self._field_origin = np.zeros(2, dtype=np.int64)
         self._waypoint: np.ndarray | None = None
         self._progress = 0
         self._since_plan = 0
@@ -191,7 +201,12 @@ class LocalPolicy:
         if self._last_action == Action.MOVE_FORWARD:
             moved = float(np.linalg.norm(xy - self._last_xy))
             if moved < cfg.collision_move_fraction * self.forward_step_m:
-                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                # Remember the blocked move; stamp an obstacle only once several headings from
+                # this cell failed: a stamp on a grazing contact would close a narrow doorway.
+                headings = self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set())
+                headings.add(_heading_key(self._last_yaw))
+                if len(headings) >= cfg.stamp_after_blocked_headings:
+                    self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
                 self._history.clear()
                 return True
         if len(self._history) == self._history.maxlen:
@@ -201,6 +216,11 @@ class LocalPolicy:
                 self._history.clear()
                 return True
         return False
+
+    @staticmethod
+    def _cell_key(sem_map: SemanticMap, xy: np.ndarray) -> tuple[int, int]:
+        r, c = sem_map.to_cell(xy)
+        return int(r), int(c)
 
     def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> None:
         """Mark a disk ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
@@ -290,6 +310,10 @@ class LocalPolicy:
         costs = np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
         path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
         self._path = None if path is None else np.array(path, dtype=np.int64) + np.array([r0, c0])
+        if self._path is not None:
+            costs[start[0] - r0, start[1] - c0] = 1.0  # the agent's cell is always enterable
+            self._field, _ = MCP_Geometric(costs, fully_connected=True).find_costs([(goal[0] - r0, goal[1] - c0)])
+            self._field_origin = np.array([r0, c0])
         return self._path is not None
 
     def _snap_goal(self, sem_map: SemanticMap, waypoint: np.ndarray, blocked: np.ndarray) -> tuple[int, int] | None:
@@ -311,7 +335,11 @@ class LocalPolicy:
 
     # -- following ------------------------------------------------------------------------------
     def _follow(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action:
-        """Turn toward the lookahead point, or step forward when roughly facing it."""
+        """The lattice step toward the waypoint, else turn toward the lookahead point or step
+        forward when roughly facing it."""
+        action = self._lattice_step(sem_map, xy, yaw)
+        if action is not None:
+            return action
         path_xy = sem_map.to_xy(self._path)
         rest = path_xy[self._progress :]
         self._progress += int(np.argmin(np.linalg.norm(rest - xy, axis=1)))
@@ -320,6 +348,34 @@ class LocalPolicy:
         if abs(error) > self.turn_angle_rad / 2.0:
             return Action.TURN_LEFT if error > 0 else Action.TURN_RIGHT
         return Action.MOVE_FORWARD
+
+    def _lattice_step(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action | None:
+        """Descend the cost-to-go field over the headings the agent can turn to (module doc, 3);
+        None when no clear step makes progress."""
+        field, origin = self._field, self._field_origin
+        n = max(1, int(round(2.0 * math.pi / self.turn_angle_rad)))
+        yaws = yaw + self.turn_angle_rad * np.arange(n)
+        ends = xy + self.forward_step_m * np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
+        samples = int(math.ceil(self.forward_step_m / (0.5 * sem_map.cell_size))) + 1
+        t = np.linspace(0.0, 1.0, samples)[:, None, None]
+        cells = sem_map.to_cell(xy + t * (ends - xy)) - origin  # (samples, n, 2) in the field window
+        h, w = field.shape
+        inside = ((cells[..., 0] >= 0) & (cells[..., 0] < h) & (cells[..., 1] >= 0) & (cells[..., 1] < w)).all(axis=0)
+        rows, cols = np.clip(cells[..., 0], 0, h - 1), np.clip(cells[..., 1], 0, w - 1)
+        clear = inside & np.isfinite(field[rows, cols]).all(axis=0)
+        blocked = self._blocked_moves.get(self._cell_key(sem_map, xy), ())
+        if blocked:
+            clear &= np.array([_heading_key(a) not in blocked for a in yaws])
+        value = np.where(clear, field[rows[-1], cols[-1]], np.inf)
+        here = sem_map.to_cell(xy) - origin
+        current = field[here[0], here[1]] if 0 <= here[0] < h and 0 <= here[1] < w else np.inf
+        turns = np.minimum(np.arange(n), n - np.arange(n))
+        best = int(np.argmin(value + 1e-3 * turns))  # equal progress: the fewest turns
+        if not np.isfinite(value[best]) or value[best] >= current - 1.0:  # under one cell of progress
+            return None
+        if best == 0:
+            return Action.MOVE_FORWARD
+        return Action.TURN_LEFT if best <= n // 2 else Action.TURN_RIGHT
 
     def _lookahead(self, path_xy: np.ndarray, xy: np.ndarray) -> np.ndarray:
         """The first path point at least ``lookahead_m`` along the path from the nearest one."""
@@ -337,8 +393,15 @@ class LocalPolicy:
     def _finish(self, status: PolicyStatus, sem_map: SemanticMap) -> PolicyResult:
         result = self._result(None, status, sem_map)
         self._path = None
-        self._last_action = None
+        self.interrupt()
         return result
+
+    def interrupt(self) -> None:
+        """The agent loop takes over (a hand-back, or an action of its own such as a look-around
+        turn): forget the last action and the motion history, so the next ``act`` reads neither
+        a blocked move nor a stuck spell into actions it did not choose."""
+        self._last_action = None
+        self._history.clear()
 
     def _result(self, action: Action | None, status: PolicyStatus, sem_map: SemanticMap) -> PolicyResult:
         if self._path is None:
@@ -346,3 +409,8 @@ class LocalPolicy:
         else:
             path_xy = sem_map.to_xy(self._path[self._progress :])
         return PolicyResult(action=action, status=status, path_xy=path_xy)
+
+
+def _heading_key(yaw: float) -> float:
+    """A hashable heading (radians, wrapped, to 0.01 rad: the agent's headings differ by a turn)."""
+    return round(wrap_angle(yaw), 2)

@@ -421,7 +421,14 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: opened read-only")
         current = self.read_summaries()
         if current.num_rows < self.count(SUMMARIES):
-            self._tables[SUMMARIES].add(current, mode="overwrite")
+            # One version: the current rows come back under this compaction's revision and every
+            # older row goes (an overwrite would let LanceDB re-infer the schema).
+            seq = self._seq
+            current = current.set_column(current.schema.get_field_index("revision"), "revision",
+                                         pa.array(np.full(current.num_rows, seq), pa.int64()))
+            (self._tables[SUMMARIES].merge_insert(["group_id", "revision"])
+             .when_matched_update_all().when_not_matched_insert_all()
+             .when_not_matched_by_source_delete(f"revision < {seq}").execute(current))
         for table in (*self._tables.values(), self._journal):
             table.optimize(cleanup_older_than=cleanup_older_than)
         self._log("compact")
