@@ -38,6 +38,7 @@ class NavigatorConfig:
     node_reach_radius_m: float
     max_steps_per_waypoint: int
     blacklist_radius_m: float
+    max_blacklist_resets: int
     frontier_hysteresis_m: float
 
 
@@ -84,7 +85,9 @@ class Navigator:
         self.graph: Optional[TopoGraph] = None
         self.decision_node = -1
         self.steps_on_waypoint = 0
-        self.blacklist: list[np.ndarray] = []
+        self.blacklist: list[np.ndarray] = []  # waypoints found unreachable (may be retried)
+        self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
+        self.blacklist_resets = 0
         self.goal_blocked = False
         self.stats = NavigatorStats()
 
@@ -127,10 +130,12 @@ class Navigator:
                 return result.action
             if result.status == PolicyStatus.UNREACHABLE:
                 self.stats.unreachable_waypoints += 1
-            # Reached or unreachable, the frontier there is spent: a frontier that persists
-            # under the agent's feet borders space it cannot see (behind furniture, say), and
-            # choosing it again would loop forever.
-            self.blacklist.append(self.waypoint)
+                self.blacklist.append(self.waypoint)
+            else:
+                # A frontier that persists once reached borders space the agent cannot see
+                # from there (behind furniture, say): it is spent for good, or it would be
+                # chosen again and again.
+                self.spent.append(self.waypoint)
             self.waypoint = None
         self.policy.interrupt()
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
@@ -154,10 +159,12 @@ class Navigator:
         self.stats.decisions += 1
         sem, pose = self.builder.map, obs.pose
         all_frontiers = find_frontiers(sem, self.mapping_cfg, agent_xy=pose.xy)
-        frontiers = [f for f in all_frontiers if not self._blacklisted(f)]
-        if not frontiers and all_frontiers and self.blacklist:
-            # Every frontier failed once. Failures are often transient (a collision mark, a
-            # frontier seen from a bad angle): forget them and try again before giving up.
+        all_frontiers = [f for f in all_frontiers if not self._near_any(f, self.spent)]
+        frontiers = [f for f in all_frontiers if not self._near_any(f, self.blacklist)]
+        if not frontiers and all_frontiers and self.blacklist_resets < self.cfg.max_blacklist_resets:
+            # Every frontier left was unreachable once. That is often transient (a collision
+            # mark, a frontier seen from a bad angle): forget them and try again, a few times.
+            self.blacklist_resets += 1
             self.blacklist = []
             self.policy.reset()  # collision marks may be what walled the agent in
             frontiers = all_frontiers
@@ -183,8 +190,8 @@ class Navigator:
         self.stats.decision_ms.append((time.perf_counter() - start) * 1e3)
         return True
 
-    def _blacklisted(self, frontier: Frontier) -> bool:
-        return any(np.linalg.norm(frontier.centroid_xy - bad) <= self.cfg.blacklist_radius_m for bad in self.blacklist)
+    def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:
+        return any(np.linalg.norm(frontier.centroid_xy - p) <= self.cfg.blacklist_radius_m for p in places)
 
     def _nearest_goal_cell(self, pose) -> Optional[np.ndarray]:
         """Map-frame metres of the mapped goal cell nearest the agent, once enough are mapped."""

@@ -129,7 +129,11 @@ def build_scene(scene: str, floor: Any, entry: Mapping[str, Any], cfg: GibsonCon
     if not navigable.any():
         raise GibsonFormatError(f"{where}: channel 0 (navigable floor) is empty")
     traversable = _dilate(navigable, cfg.floor_dilation_radius)
-    objects = sem_map[N_FLOOR_CHANNELS:] > 0
+    # Object footprints are projected point clouds that bleed a cell or two onto the navmesh
+    # floor (1.2% of traversable cells on the train maps). The navmesh is the authority on where
+    # the agent stands, so those cells stay floor: an agent starting there would otherwise stand
+    # inside a 2.5D object column and see nothing but min_depth.
+    objects = (sem_map[N_FLOOR_CHANNELS:] > 0) & ~traversable[None]
     instance_map, instance_category = _instances(objects, cfg.instance_connectivity)
     wall_free = _dilate(traversable, cfg.agent_radius / cfg.cell_size) | objects.any(axis=0)
 
