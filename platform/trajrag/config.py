@@ -28,6 +28,7 @@ SECTIONS: dict[str, str] = {
     "episodes": "trajrag.world.episode_gen:EpisodeConfig",
     "oracle": "trajrag.agent.oracle:OracleConfig",
     "run": "trajrag.cli.run:RunConfig",
+    "corpus": "trajrag.agent.collect:CorpusConfig",
     "bench": "trajrag.bench.world:BenchConfig",
     "navigator": "trajrag.agent.navigator:NavigatorConfig",
     "gibson": "trajrag.world.gibson:GibsonConfig",

@@ -16,6 +16,7 @@ from trajrag.config import ConfigError
 COMMAND_MODULES = (
     "trajrag.cli.run",
     "trajrag.cli.episodes",
+    "trajrag.cli.corpus",
     "trajrag.cli.bench",
 )
 

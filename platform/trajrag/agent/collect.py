@@ -1,0 +1,96 @@
+"""Corpus collectors: run episodes with a privileged or an exploring agent, map what it sees,
+and yield each finished episode as a topo-polar trajectory ready for the memory.
+
+Policies (the paper collects trajectories on the train splits; the mix decides what the memory
+learns from): ``oracle`` walks the geodesic shortest path (clean goal-directed experience),
+``explore`` is the nearest-frontier navigator (realistic exploration, successes and failures),
+``mix`` alternates them per episode by ``oracle_fraction``. One process here; the platform job
+runs the same generator inside Ray collector actors.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from trajrag import config
+from trajrag.agent.episode_runner import EpisodeResult, run_episode
+from trajrag.agent.map_builder import MapBuilder, RecordingAgent
+from trajrag.topo.trajectory import TopoPolarTrajectory
+from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.scene import Scene
+
+POLICIES = ("oracle", "explore", "mix")
+
+
+@dataclass
+class CorpusConfig:
+    """``configs/corpus.yaml``: collection policy mix and the collectors' sensor settings."""
+
+    oracle_fraction: float
+    collector_overrides: list[str]
+    seed: int
+
+
+@dataclass
+class CollectedEpisode:
+    """One finished episode: its memory key, the collecting policy, the topo-polar trajectory
+    and the raw result (metrics, poses, actions)."""
+
+    trajectory_id: str
+    policy: str
+    trajectory: TopoPolarTrajectory
+    result: EpisodeResult
+
+
+def episode_policy(episode: ObjectNavEpisode, policy: str, oracle_fraction: float, seed: int) -> str:
+    """``oracle`` or ``explore`` for this episode (``mix``: a stable per-episode draw)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown collection policy {policy!r}; choose one of {list(POLICIES)}")
+    if policy != "mix":
+        return policy
+    draw = zlib.crc32(f"{seed}/{episode.scene_key}/{episode.episode_id}".encode()) / 2**32
+    return "oracle" if draw < oracle_fraction else "explore"
+
+
+def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
+    """The idempotent memory key of one collected episode."""
+    return f"{episode.scene_key}/{episode.episode_id}/{policy}"
+
+
+class Collector:
+    """Holds one simulator and one agent per policy; ``collect`` runs episodes one by one."""
+
+    def __init__(self, overrides: Sequence[str] = (), seed: int = 0) -> None:
+        from trajrag.agent.navigator import make_frontier_agent
+        from trajrag.agent.oracle import OracleAgent
+        from trajrag.world.sim import GridSimulator, intrinsics_of
+
+        self.cfg: CorpusConfig = config.load("corpus", overrides)
+        overrides = list(self.cfg.collector_overrides) + list(overrides)
+        sim_cfg = config.load("sim", overrides)
+        self.sim = GridSimulator(sim_cfg)
+        nav = config.load("navigator", overrides)
+        builder = MapBuilder(nav.vocabulary, intrinsics_of(sim_cfg), config.load("mapping", overrides),
+                             config.load("perception", overrides), config.load("topo", overrides))
+        oracle = OracleAgent(config.load("oracle", overrides), sim_cfg, config.load("episodes", overrides))
+        self.agents = {
+            "oracle": RecordingAgent(oracle, builder, seed),
+            "explore": make_frontier_agent(sim_cfg, overrides, seed),
+        }
+        self.seed = seed
+
+    def collect_one(self, episode: ObjectNavEpisode, scene: Scene, policy: str) -> CollectedEpisode:
+        """Run one episode with ``policy`` (``oracle`` / ``explore`` / ``mix``) and convert it."""
+        chosen = episode_policy(episode, policy, self.cfg.oracle_fraction, self.cfg.seed)
+        agent = self.agents[chosen]
+        result = run_episode(self.sim, agent, episode, scene)
+        trajectory = agent.topo_trajectory(success=result.metrics.success)
+        return CollectedEpisode(trajectory_id(episode, chosen), chosen, trajectory, result)
+
+    def collect(self, episodes: Sequence[ObjectNavEpisode], scenes: Sequence[Scene],
+                policy: str) -> Iterator[CollectedEpisode]:
+        by_name = {scene.name: scene for scene in scenes}
+        for episode in episodes:
+            yield self.collect_one(episode, by_name[episode.scene_key], policy)

@@ -1,0 +1,119 @@
+"""``trajrag corpus build | stats``: build the TrajRAG memory from collected episodes.
+
+``build`` generates ObjectNav episodes on the given scenes, collects them with the chosen policy
+(``agent/collect.py``), converts each to a topo-polar trajectory and inserts it into the LanceDB
+memory (``memory/grouping.py``) in batches. Trajectory ids are deterministic, so re-running the
+same command after a crash skips what the store already holds and never duplicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+
+from trajrag.cli import add_override_arg
+from trajrag.cli.episodes import SCENES_HELP
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("corpus", help="build and inspect the trajectory memory")
+    corpus_sub = parser.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    build = corpus_sub.add_parser(
+        "build", help="collect episodes and insert them into the memory",
+        description="Collect ObjectNav episodes (oracle, exploration or a mix), convert them to "
+        "topo-polar trajectories and insert them into the LanceDB memory. Resumable.")
+    build.add_argument("--scenes", required=True, help=SCENES_HELP)
+    build.add_argument("--episodes-per-scene", type=int, required=True, help="episodes generated per scene")
+    build.add_argument("--policy", choices=("oracle", "explore", "mix"), default="mix",
+                       help="collector: oracle (shortest walks), explore (nearest frontier) or mix (corpus.oracle_fraction)")
+    build.add_argument("--store", required=True, help="LanceDB URI (a folder, or an object-store URI)")
+    build.add_argument("--seed", type=int, default=None, help="episode generation seed (default: episodes.seed)")
+    build.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_override_arg(build)
+    build.set_defaults(func=build_command)
+
+    stats = corpus_sub.add_parser("stats", help="counts, grouping quality and size of a memory")
+    stats.add_argument("--store", required=True, help="LanceDB URI")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.set_defaults(func=stats_command)
+
+
+def build_command(args: argparse.Namespace) -> int:
+    summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.overrides,
+                           seed=args.seed, progress=not args.json)
+    print(json.dumps(summary, indent=None if args.json else 2))
+    return 0
+
+
+def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, overrides=(), seed=None,
+                 progress: bool = True) -> dict:
+    """Collect + convert + insert; returns counts, decisions, throughput and time per stage."""
+    from tqdm import tqdm
+
+    from trajrag import config
+    from trajrag.agent.collect import Collector, episode_policy, trajectory_id
+    from trajrag.cli import UserError
+    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.world.datasets import load_scenes
+    from trajrag.world.episode_gen import generate_episodes
+
+    if per_scene < 1:
+        raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
+    started = time.perf_counter()
+    scenes = load_scenes(scene_spec, overrides)
+    episode_cfg = config.load("episodes", overrides)
+    episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
+    memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+    collector = Collector(overrides)
+    todo = [e for e in episodes if not memory.known(
+        trajectory_id(e, episode_policy(e, policy, collector.cfg.oracle_fraction, collector.cfg.seed)))]
+    setup_s = time.perf_counter() - started
+    by_name = {scene.name: scene for scene in scenes}
+    decisions: Counter = Counter()
+    collect_s = insert_s = 0.0
+    batch, batch_size = [], memory.cfg.batch_size
+    bar = tqdm(total=len(todo), desc="corpus", unit="traj", disable=not progress, file=sys.stderr)
+
+    def insert(batch):
+        nonlocal insert_s
+        t = time.perf_counter()
+        for policy_name in sorted({item.policy for item in batch}):
+            # the memory keys a trajectory scene/episode/policy, as collect.trajectory_id does
+            done = memory.insert_many([i.trajectory for i in batch if i.policy == policy_name], policy=policy_name)
+            decisions.update(d.action for d in done)
+        insert_s += time.perf_counter() - t
+
+    for episode in todo:
+        t = time.perf_counter()
+        batch.append(collector.collect_one(episode, by_name[episode.scene_key], policy))
+        collect_s += time.perf_counter() - t
+        bar.update(1)
+        bar.set_postfix(traj_per_s=f"{bar.n / max(collect_s + insert_s, 1e-9):.2f}")
+        if len(batch) >= batch_size:
+            insert(batch)
+            batch = []
+    if batch:
+        insert(batch)
+    bar.close()
+    total_s = time.perf_counter() - started
+    return {
+        "episodes_planned": len(episodes),
+        "skipped_already_stored": len(episodes) - len(todo),
+        "collected": len(todo),
+        "decisions": dict(decisions),
+        "chunks": memory.n_chunks,
+        "groups": memory.n_groups,
+        "traj_per_s": len(todo) / total_s if todo else 0.0,
+        "seconds": {"setup": setup_s, "collect_and_convert": collect_s, "insert": insert_s, "total": total_s},
+    }
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    from trajrag.memory.stats import corpus_stats
+
+    stats = corpus_stats(args.store)
+    print(json.dumps(stats, indent=None if args.json else 2, default=str))
+    return 0
