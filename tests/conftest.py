@@ -17,3 +17,24 @@ def gibson_train_path() -> Path:
     if not GIBSON_TRAIN.is_file():
         pytest.fail(f"Gibson semantic maps not found at {GIBSON_TRAIN}; set TRAJRAG_SHARED_DATA")
     return GIBSON_TRAIN
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (started on first use, ~8 s; shut down at the
+    end). Loopback only, no dashboard, no usage stats. Returns the ``ray`` module.
+
+    2 logical CPUs: two 1-CPU actors (collectors, trainer workers) run side by side, as on the
+    2-core dev machine; tests that need more must ask for fewer resources per actor.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()

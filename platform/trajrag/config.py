@@ -37,6 +37,9 @@ SECTIONS: dict[str, str] = {
     "policy": "trajrag.mapping.local_policy:PolicyConfig",
     "topo": "trajrag.topo.trajectory:TopoConfig",
     "memory": "trajrag.memory.grouping:MemoryConfig",
+    "encoder": "trajrag.encoder:EncoderConfig",
+    "corpus_job": "trajrag.distributed.corpus:CorpusJobConfig",
+    "pipeline_bench": "trajrag.bench.pipeline:PipelineBenchConfig",
 }
 
 

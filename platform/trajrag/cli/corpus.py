@@ -32,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--store", required=True, help="LanceDB URI (a folder, or an object-store URI)")
     build.add_argument("--seed", type=int, default=None, help="episode generation seed (default: episodes.seed)")
     build.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    build.add_argument("--workers", type=int, default=0,
+                       help="collector actors on Ray (0: one process, no Ray; see distributed/corpus.py)")
+    build.add_argument("--ray-address", default=None,
+                       help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
     add_override_arg(build)
     build.set_defaults(func=build_command)
 
@@ -42,6 +46,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_command(args: argparse.Namespace) -> int:
+    if args.workers < 0:
+        from trajrag.cli import UserError
+
+        raise UserError(f"--workers must be >= 0, got {args.workers}")
+    if args.workers >= 1:
+        from trajrag.distributed.corpus import build_corpus_ray
+
+        summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
+                                   args.overrides, seed=args.seed, workers=args.workers,
+                                   progress=not args.json, ray_address=args.ray_address)
+        print(json.dumps(summary, indent=None if args.json else 2))
+        return 0
     summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.overrides,
                            seed=args.seed, progress=not args.json)
     print(json.dumps(summary, indent=None if args.json else 2))

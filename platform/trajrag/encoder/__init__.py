@@ -1,1 +1,144 @@
-"""encoder stage."""
+"""The trajectory encoder f_E of the fine index (paper "Fine index", Eqs. 6-7).
+
+* ``node_encoder.NodeEncoder``: a frozen pretrained encoder-only transformer over a node's 12
+  sector labels read as words in sector order -> h_k (mean-pooled, L2-normalised), cached by
+  the label tuple; the goal category name through the same model -> h_g.
+* ``model.TrajectoryModel``: a decoder-only transformer (GPT-2 architecture) over the projected
+  [h_1 .. h_L]; z = normalise(W h'_L concat h_g) (Eq. 6). ``model.TrajectoryEncoder`` ties the
+  two together for retrieval: trajectories or store chunks in, z out.
+* ``data``: chunks from the memory store, the split by scene, contrastive pairs and batches.
+* ``train``: InfoNCE (Eq. 7) on Ray Train (``train_encoder``); ``evaluate``: held-out recall
+  against the text baseline and the untrained model, and embeddings written back to the store.
+
+This module holds only the config schema and the error type, so importing it costs nothing;
+torch, transformers and Ray are imported by the submodules that need them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+class EncoderError(RuntimeError):
+    """The encoder cannot be built, loaded, trained or applied; the message names the file,
+    store or value at fault."""
+
+
+@dataclass
+class NodeEncoderConfig:
+    """The frozen node encoder E_node (values and sources: ``configs/encoder.yaml``).
+
+    model_dir: a local encoder-only transformer folder (BERT, DistilBERT, MiniLM); empty = the
+        ``model`` folder inside the installed Python package ``package``.
+    max_length: tokens per node text (12 sector words). text_max_length: tokens per trajectory
+        description (text baseline). batch_size: texts per forward pass.
+    free_word, obstacle_word, unknown_word: the words for the non-object sector labels.
+    """
+
+    model_dir: str
+    package: str
+    max_length: int
+    text_max_length: int
+    batch_size: int
+    free_word: str
+    obstacle_word: str
+    unknown_word: str
+
+
+@dataclass
+class ModelConfig:
+    """The decoder-only trajectory model D_traj and the output projection.
+
+    n_layer, n_head, n_embd: GPT-2 size when trained from scratch. max_nodes: the longest node
+    sequence (GPT-2 positions); longer trajectories keep their last ``max_nodes`` nodes.
+    dropout: GPT-2 residual, embedding and attention dropout. out_dim: width of the projected
+    h'_L; z has out_dim + node-encoder width entries. init_from: a local GPT-2 / DistilGPT2
+    folder (safetensors) to start from instead of the small config; empty = from scratch.
+    """
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    max_nodes: int
+    dropout: float
+    out_dim: int
+    init_from: str
+
+
+@dataclass
+class TrainConfig:
+    """Contrastive training on Ray Train.
+
+    epochs, batch_size (anchor-positive pairs per worker and step), lr, weight_decay: AdamW.
+    tau: InfoNCE temperature. seed: model init, pair sampling and the scene split.
+    workers: Ray Train workers (``--workers`` overrides). use_gpu: ``auto`` (a GPU in the Ray
+    cluster), ``true`` or ``false``. max_failures: worker-group restarts from the last checkpoint.
+    checkpoints_to_keep: Ray Train checkpoints kept. held_out_fraction, min_held_out_scenes: the
+    scenes kept out of training for evaluation. health_check_interval_s: Ray Train's controller
+    poll (each report waits for it). storage_path: Ray Train run folder; empty = ``<out>/runs``.
+    ray_address: an existing Ray cluster; empty = the current one or a new local one.
+    wandb_mode: ``offline``, ``online`` or ``disabled``. wandb_project: the W&B project.
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    tau: float
+    seed: int
+    workers: int
+    use_gpu: str
+    max_failures: int
+    checkpoints_to_keep: int
+    held_out_fraction: float
+    min_held_out_scenes: int
+    health_check_interval_s: float
+    storage_path: str
+    ray_address: str
+    wandb_mode: str
+    wandb_project: str
+
+
+@dataclass
+class EvalConfig:
+    """Held-out retrieval evaluation. ks: the k of recall@k. write_batch: chunks per store commit
+    when embeddings are written back. encode_batch: trajectories per model forward pass."""
+
+    ks: list[int]
+    write_batch: int
+    encode_batch: int
+
+
+@dataclass
+class EncoderBenchConfig:
+    """``trajrag bench encoder``: synthetic training throughput.
+
+    trajectories, groups: the synthetic set. min_nodes, max_nodes: trajectory lengths.
+    epochs: timed epochs per run (after one warm-up epoch). workers: worker counts to time.
+    """
+
+    trajectories: int
+    groups: int
+    min_nodes: int
+    max_nodes: int
+    epochs: int
+    workers: list[int]
+
+
+@dataclass
+class EncoderConfig:
+    """The ``encoder`` config section (``configs/encoder.yaml``)."""
+
+    node: NodeEncoderConfig
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig
+    bench: EncoderBenchConfig
+
+
+def load_config(overrides: Sequence[str] = ()) -> EncoderConfig:
+    """``configs/encoder.yaml`` with ``encoder.key=value`` overrides (e.g. ``encoder.train.epochs=5``)."""
+    from trajrag import config as config_mod
+
+    return config_mod.load("encoder", overrides)

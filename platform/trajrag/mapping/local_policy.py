@@ -4,10 +4,11 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
 
 1. **Collisions.** A MOVE_FORWARD that displaced the agent by less than
    ``collision_move_fraction`` of a step hit something the map does not show (too low, too thin,
-   or not yet seen). A small disk is stamped ``collision_mark_ahead_m`` in front of the pose it was
-   issued from, into a collision layer kept for the episode, and the path is replanned. No
-   displacement over ``stuck_window_steps`` steps (e.g. turning back and forth) is handled the
-   same way. After ``max_recoveries`` such recoveries for one waypoint it is reported unreachable.
+   or not yet seen). That heading is forbidden from that cell for the episode, and a small disk
+   ``collision_mark_ahead_m`` in front of the pose is stamped into a collision layer in
+   agent-centre space (not inflated, so a grazing contact does not close a doorway); the path is
+   replanned. No displacement over ``stuck_window_steps`` steps is handled the same way. After
+   ``max_recoveries`` such recoveries for one waypoint it is reported unreachable.
 2. **Planning** on obstacles + the collision layer, inflated by ``inflation_radius_m`` (the agent
    radius), cells within ``clearance_margin_m`` more costing extra, with unknown cells free
    (optimistic, the usual choice for exploration) or blocked. The inflated ring around the
@@ -60,7 +61,6 @@ class PolicyConfig:
     collision_move_fraction: float
     collision_mark_ahead_m: float
     collision_mark_radius_m: float
-    stamp_after_blocked_headings: int
     stuck_window_steps: int
     stuck_min_displacement_m: float
     max_recoveries: int
@@ -104,7 +104,7 @@ def validate_config(cfg: PolicyConfig) -> None:
     for key in ("lookahead_m", "waypoint_radius_m", "off_path_m", "collision_mark_ahead_m"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"policy.{key} must be > 0, got {getattr(cfg, key)}")
-    for key in ("replan_every_steps", "stuck_window_steps", "max_recoveries", "stamp_after_blocked_headings"):
+    for key in ("replan_every_steps", "stuck_window_steps", "max_recoveries"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"policy.{key} must be >= 1, got {getattr(cfg, key)}")
     if not 0.0 < cfg.collision_move_fraction <= 1.0:
@@ -137,6 +137,7 @@ class LocalPolicy:
         self._path: np.ndarray | None = None  # (K, 2) cells
         self._field = np.zeros((0, 0))  # cost-to-go to the planned goal over the plan's window
         self._blocked_moves: dict[tuple[int, int], set[float]] = {}  # cell -> headings that collided
+        self._escape: float | None = None  # heading (rad) being turned to, to back out of a pocket
         self._field_origin = np.zeros(2, dtype=np.int64)
         self._waypoint: np.ndarray | None = None
         self._progress = 0
@@ -201,12 +202,11 @@ class LocalPolicy:
         if self._last_action == Action.MOVE_FORWARD:
             moved = float(np.linalg.norm(xy - self._last_xy))
             if moved < cfg.collision_move_fraction * self.forward_step_m:
-                # Remember the blocked move; stamp an obstacle only once several headings from
-                # this cell failed: a stamp on a grazing contact would close a narrow doorway.
-                headings = self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set())
-                headings.add(_heading_key(self._last_yaw))
-                if len(headings) >= cfg.stamp_after_blocked_headings:
-                    self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                # The follower will not repeat this move from this cell, and the planner avoids
+                # the stamped spot (agent-centre space, not inflated: see _grids).
+                self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set()).add(
+                    _heading_key(self._last_yaw))
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
                 self._history.clear()
                 return True
         if len(self._history) == self._history.maxlen:
@@ -251,11 +251,16 @@ class LocalPolicy:
         r0, c0 = np.maximum(pts.min(axis=0) - margin, 0)
         r1, c1 = np.minimum(pts.max(axis=0) + margin + 1, (h, w))
         window = (int(r0), int(r1), int(c0), int(c1))
-        raw = sem_map.obstacle[r0:r1, c0:c1] | self.collision[r0:r1, c0:c1]
+        raw = sem_map.obstacle[r0:r1, c0:c1]
         if not cfg.unknown_traversable:
             raw = raw | ~sem_map.explored[r0:r1, c0:c1]
         inflated = dilate_disk(raw, cfg.inflation_radius_m / sem_map.cell_size)
         self._clear_around(inflated, raw, sem_map, xy, (r0, c0))
+        # Collision marks say where the agent's centre could not go: they are already in
+        # agent-centre space, so they are not inflated (inflating them closes narrow doorways).
+        collision = self.collision[r0:r1, c0:c1]
+        inflated |= collision
+        raw = raw | collision
         blocked = np.zeros(sem_map.shape, dtype=bool)
         blocked[r0:r1, c0:c1] = inflated
         return blocked, raw, window
@@ -337,9 +342,27 @@ class LocalPolicy:
     def _follow(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action:
         """The lattice step toward the waypoint, else turn toward the lookahead point or step
         forward when roughly facing it."""
-        action = self._lattice_step(sem_map, xy, yaw)
+        if self._escape is not None:  # finish turning to the escape heading, then step out
+            error = wrap_angle(self._escape - yaw)
+            if abs(error) > self.turn_angle_rad / 2.0:
+                return Action.TURN_LEFT if error > 0 else Action.TURN_RIGHT
+            self._escape = None
+            return Action.MOVE_FORWARD
+        action = self._lattice_step(sem_map, xy, yaw, require_progress=True)
         if action is not None:
             return action
+        action = self._pursuit_action(sem_map, xy, yaw)
+        if action == Action.MOVE_FORWARD and _heading_key(yaw) in self._blocked_moves.get(self._cell_key(sem_map, xy), ()):
+            # That move already failed from here (a pocket, a corner): commit to the best clear
+            # heading even if it makes no progress (backing out), or pursuit would turn back.
+            self._escape = self._best_clear_heading(sem_map, xy, yaw)
+            if self._escape is None:
+                return Action.TURN_LEFT
+            return self._follow(sem_map, xy, yaw)
+        return action
+
+    def _pursuit_action(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action:
+        """Turn toward the lookahead point, or step forward when roughly facing it."""
         path_xy = sem_map.to_xy(self._path)
         rest = path_xy[self._progress :]
         self._progress += int(np.argmin(np.linalg.norm(rest - xy, axis=1)))
@@ -349,11 +372,32 @@ class LocalPolicy:
             return Action.TURN_LEFT if error > 0 else Action.TURN_RIGHT
         return Action.MOVE_FORWARD
 
-    def _lattice_step(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> Action | None:
-        """Descend the cost-to-go field over the headings the agent can turn to (module doc, 3);
-        None when no clear step makes progress."""
+    def _best_clear_heading(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> float | None:
+        """The heading (radians) of the clear step landing lowest on the field, progress or not."""
+        k = self._lattice_choice(sem_map, xy, yaw, require_progress=False)
+        return None if k is None else yaw + k * self.turn_angle_rad
+
+    def _lattice_step(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float,
+                      require_progress: bool) -> Action | None:
+        """The action toward ``_lattice_choice``'s heading: MOVE_FORWARD when it is the current one."""
+        k = self._lattice_choice(sem_map, xy, yaw, require_progress)
+        if k is None:
+            return None
+        if k == 0:
+            return Action.MOVE_FORWARD
+        return Action.TURN_LEFT if k <= self._n_headings // 2 else Action.TURN_RIGHT
+
+    @property
+    def _n_headings(self) -> int:
+        return max(1, int(round(2.0 * math.pi / self.turn_angle_rad)))
+
+    def _lattice_choice(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float,
+                        require_progress: bool) -> int | None:
+        """Descend the cost-to-go field over the headings the agent can turn to (module doc, 3):
+        the number of left turns to the best heading, or None when no clear step makes progress
+        (or, without ``require_progress``, when no step is clear at all)."""
         field, origin = self._field, self._field_origin
-        n = max(1, int(round(2.0 * math.pi / self.turn_angle_rad)))
+        n = self._n_headings
         yaws = yaw + self.turn_angle_rad * np.arange(n)
         ends = xy + self.forward_step_m * np.stack([np.cos(yaws), np.sin(yaws)], axis=1)
         samples = int(math.ceil(self.forward_step_m / (0.5 * sem_map.cell_size))) + 1
@@ -371,11 +415,9 @@ class LocalPolicy:
         current = field[here[0], here[1]] if 0 <= here[0] < h and 0 <= here[1] < w else np.inf
         turns = np.minimum(np.arange(n), n - np.arange(n))
         best = int(np.argmin(value + 1e-3 * turns))  # equal progress: the fewest turns
-        if not np.isfinite(value[best]) or value[best] >= current - 1.0:  # under one cell of progress
-            return None
-        if best == 0:
-            return Action.MOVE_FORWARD
-        return Action.TURN_LEFT if best <= n // 2 else Action.TURN_RIGHT
+        if not np.isfinite(value[best]) or (require_progress and value[best] >= current - 1.0):
+            return None  # no clear step, or under one cell of progress
+        return best
 
     def _lookahead(self, path_xy: np.ndarray, xy: np.ndarray) -> np.ndarray:
         """The first path point at least ``lookahead_m`` along the path from the nearest one."""

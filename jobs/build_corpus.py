@@ -1,0 +1,61 @@
+"""Ray job: build the TrajRAG corpus with N collector actors and one grouping writer.
+
+    python jobs/build_corpus.py --scenes procedural:train:40 --episodes-per-scene 50 \
+        --policy mix --store s3://bucket/trajrag/memory --workers 32 --summary summary.json
+
+On a cluster: ``ray job submit --working-dir . -- python jobs/build_corpus.py ...`` (or the
+RayJob in cluster/). Same options as ``trajrag corpus build --workers N``; the work is done by
+``trajrag.distributed.corpus.build_corpus_ray``. Rerunning the same command resumes: only the
+trajectories missing from the store are collected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trajrag.cli import UserError, add_override_arg
+from trajrag.cli.episodes import SCENES_HELP
+from trajrag.config import ConfigError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenes", required=True, help=SCENES_HELP)
+    parser.add_argument("--episodes-per-scene", type=int, required=True, help="episodes generated per scene")
+    parser.add_argument("--policy", choices=("oracle", "explore", "mix"), default="mix",
+                        help="collector policy (mix: corpus.oracle_fraction oracle walks)")
+    parser.add_argument("--store", required=True, help="LanceDB URI: a folder or s3://bucket/prefix")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="collector actors (default: corpus_job.collectors)")
+    parser.add_argument("--seed", type=int, default=None, help="episode seed (default: episodes.seed)")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
+    parser.add_argument("--summary", type=Path, default=None, help="also write the summary JSON here")
+    parser.add_argument("--json", action="store_true", help="no progress bar; print one JSON line")
+    add_override_arg(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from trajrag.distributed.corpus import build_corpus_ray
+
+    try:
+        summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
+                                   args.overrides, seed=args.seed, workers=args.workers,
+                                   progress=not args.json, ray_address=args.ray_address)
+    except (UserError, ConfigError, FileNotFoundError) as exc:
+        print(f"build_corpus: error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(summary, indent=None if args.json else 2)
+    if args.summary:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,635 @@
+"""The corpus build on Ray: N collector actors -> one grouping actor (the single writer).
+
+The same inputs and summary as ``trajrag.cli.corpus.build_corpus`` (one process), spread over
+a Ray cluster:
+
+* **Plan.** The driver loads the scenes, generates the episodes and computes every trajectory
+  id (``agent.collect.trajectory_id``: scene/episode/policy). It asks the writer which ids the
+  store does not hold yet (chunks, ids dropped as redundant and ids rejected as too short), so
+  a rerun collects only what is missing (resume from the store).
+* **Collect + convert.** ``CollectorWorker`` actors (one simulator + agents each, an
+  ``agent.collect.Collector``) pull shards of episode indices from the driver's queue and
+  *stream* each finished episode back (a Ray streaming generator), already converted to its
+  topo-polar trajectory. Conversion stays in the collector on purpose, see
+  ``CONVERSION_STAYS_IN_THE_COLLECTOR``.
+* **Insert.** One ``GroupingWriter`` actor holds the ``memory.grouping.TrajectoryMemory`` (the
+  memory is single-writer) and inserts a batch per call: one ``insert_many``, one LanceDB commit.
+* **Backpressure.** At most ``shards_in_flight`` shards per collector, at most
+  ``max_unconsumed_episodes`` streamed ahead of the driver per shard, at most
+  ``writer_batch`` trajectories waiting in the driver and ``max_unacked_batches`` writer calls
+  in flight. When the writer lags, the driver stops reading the streams and the collectors pause.
+* **Exactly once.** Trajectory ids are the keys. A collector that crashes is restarted by Ray
+  (``max_restarts``); the unfinished episodes of its shards go back to the front of the queue,
+  one per shard, for any collector. The driver keeps every batch until the writer acknowledges
+  its commit; if the writer crashes it is restarted, reloads its state from the store (and
+  LanceDB's journal undoes a half-written batch), and the unacknowledged batches are sent again;
+  whatever did get committed before the crash is skipped by id (``duplicate``).
+
+The pipeline is Ray actors rather than Ray Data: the collectors are stateful (a simulator and
+agents that take ~0.3 s to build, scene maps of ~0.5 MB each) and the writer must be a single
+process, so an actor pool with an explicit work queue is the simpler fit and keeps the
+exactly-once bookkeeping in one place (the driver).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import ray
+from ray.exceptions import ActorDiedError, RayError
+
+# Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
+# (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
+# the input of the conversion is the episode's semantic map, 53.9 MB (a 72 m x 72 m grid at 5 cm,
+# configs/mapping.yaml, pickled), while its output, the topo-polar trajectory, is 0.8-1.6 KB.
+# Converting takes 3-22 ms against 0.1-0.2 s (oracle) and 1-5 s (explore) for running the
+# episode, i.e. 1-6 % of a collector's time. A separate stage would ship ~50,000x more bytes
+# through the object store to move a few per cent of the work, so the collector converts and
+# only the ~1 KB trajectory travels.
+CONVERSION_STAYS_IN_THE_COLLECTOR = True
+
+
+@dataclass
+class CorpusJobConfig:
+    """``configs/corpus_job.yaml``: sizes of the actor pools, queues and retry budgets."""
+
+    collectors: int
+    shard_episodes: int
+    shards_in_flight: int
+    max_unconsumed_episodes: int
+    writer_batch: int
+    max_unacked_batches: int
+    collector_max_restarts: int
+    writer_max_restarts: int
+    max_attempts: int
+    retry_interval_s: float
+    restart_timeout_s: float
+    collector_num_cpus: float
+    writer_num_cpus: float
+    poll_s: float
+
+
+class CorpusJobError(RuntimeError):
+    """The job cannot finish (e.g. the writer keeps failing on one batch)."""
+
+
+@dataclass
+class FaultPlan:
+    """Fault injection for the fault tests: crash an actor's process once (``os._exit``, like a
+    kill -9 or the OOM killer). ``marker`` is a file created when the fault fires, so it fires
+    once across restarts and actors (tests run on one machine).
+
+    collector_exit_after_episodes: a collector dies after finishing its n-th episode, before
+        streaming it back (that episode and the rest of its shards are in flight).
+    writer_exit_after_commits: the writer dies after its n-th commit, before acknowledging it
+        (the committed batch is re-sent and must be skipped; later queued batches are lost).
+    """
+
+    marker: str
+    collector_exit_after_episodes: int | None = None
+    writer_exit_after_commits: int | None = None
+
+    def fire(self) -> None:
+        """Exit the process now, unless this plan's fault already fired."""
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(1)
+
+
+@dataclass
+class EpisodeItem:
+    """One finished episode as a collector streams it: index into the planned episode list,
+    the policy that ran it, its trajectory (None with ``error`` when the episode raised)."""
+
+    index: int
+    policy: str = ""
+    trajectory: Any = None
+    success: bool = False
+    spl: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+class CollectorWorker:
+    """A collector actor: one ``Collector`` (simulator + oracle and explore agents)."""
+
+    def __init__(self, policy: str, overrides: Sequence[str], fault: FaultPlan | None = None) -> None:
+        from trajrag.agent.collect import Collector
+
+        self.collector = Collector(overrides)
+        self.policy = policy
+        self.fault = fault
+        self.finished = 0
+        self.scenes: dict[str, Any] | None = None
+        self.episodes: Sequence[Any] = ()
+
+    def collect(self, indices: Sequence[int], shared: Sequence[Any]):
+        """Run the episodes ``indices`` one by one, yielding an ``EpisodeItem`` for each.
+
+        ``shared`` is ``[scenes_ref, episodes_ref]`` (the driver put them in the object store
+        once, ~0.5 MB a scene); nested in a list, Ray does not fetch them per call: the actor
+        fetches them on its first call, and again after a restart.
+        """
+        if self.scenes is None:
+            scenes, self.episodes = ray.get(list(shared))
+            self.scenes = {scene.name: scene for scene in scenes}
+        for index in indices:
+            episode = self.episodes[index]
+            started = time.perf_counter()
+            try:
+                got = self.collector.collect_one(episode, self.scenes[episode.scene_key], self.policy)
+                metrics = got.result.metrics
+                item = EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
+                                   float(metrics.spl), int(metrics.steps))
+            except Exception as exc:  # noqa: BLE001 - one bad episode never stops a collector
+                item = EpisodeItem(index, error=f"{type(exc).__name__}: {exc}")
+            item.seconds = time.perf_counter() - started
+            self.finished += 1
+            if self.fault and self.fault.collector_exit_after_episodes == self.finished:
+                self.fault.fire()
+            yield item
+
+    def ping(self) -> bool:
+        """Answers once the actor is up (the driver's liveness check after a failure)."""
+        return True
+
+
+class GroupingWriter:
+    """The grouping actor: the single writer of the memory at ``store_uri``.
+
+    Its state (summaries, known ids) is loaded from the store at construction, so a restarted
+    writer continues where the last commit left off.
+    """
+
+    def __init__(self, store_uri: str, overrides: Sequence[str], fault: FaultPlan | None = None) -> None:
+        from trajrag import config
+        from trajrag.memory.grouping import TrajectoryMemory
+        from trajrag.memory.store import DECISIONS
+
+        self.memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+        # Rejected trajectories (e.g. a single node) are not "known" to the memory; keep their
+        # ids too, so a rerun neither collects nor logs them again.
+        rejected = self.memory.store.read(DECISIONS, ["trajectory_id"], where="action = 'rejected'")
+        self.rejected = set(rejected.column("trajectory_id").to_pylist())
+        self.fault = fault
+        self.commits = 0
+
+    def _done(self, trajectory_id: str) -> bool:
+        return self.memory.known(trajectory_id) or trajectory_id in self.rejected
+
+    def missing(self, trajectory_ids: Sequence[str]) -> list[str]:
+        """The ids among ``trajectory_ids`` the store has not decided on yet."""
+        return [tid for tid in trajectory_ids if not self._done(tid)]
+
+    def write(self, seq: int, batch: Sequence[tuple[str, EpisodeItem]]) -> dict:
+        """Insert ``(trajectory_id, item)`` pairs in one ``insert_many`` (one commit); ids already
+        decided are skipped. Returns each id's action, the time taken and the store's size."""
+        started = time.perf_counter()
+        actions: dict[str, str] = {}
+        fresh = []
+        for tid, item in batch:
+            if self._done(tid) or tid in actions:
+                actions[tid] = "duplicate"
+                continue
+            traj = item.trajectory
+            # The memory keys a trajectory by its ``trajectory_id`` attribute when it has one
+            # (memory.grouping.trajectory_key): the collector's id, so both sides agree.
+            traj.trajectory_id, traj.policy = tid, item.policy
+            actions[tid] = "pending"
+            fresh.append(traj)
+        for decision in self.memory.insert_many(fresh) if fresh else []:
+            actions[decision.trajectory_id] = decision.action
+            if decision.action == "rejected":
+                self.rejected.add(decision.trajectory_id)
+        self.commits += 1
+        if self.fault and self.fault.writer_exit_after_commits == self.commits:
+            self.fault.fire()
+        return {"seq": seq, "actions": actions, "seconds": time.perf_counter() - started,
+                **self.state()}
+
+    def state(self) -> dict:
+        return {"chunks": self.memory.n_chunks, "groups": self.memory.n_groups}
+
+    def ping(self) -> bool:
+        """Answers once the actor is up (the driver's liveness check after a failure)."""
+        return True
+
+
+# -- the driver -----------------------------------------------------------------------------------
+@dataclass
+class _Shard:
+    indices: list[int]
+    attempts: int = 0
+
+
+@dataclass
+class _Run:
+    """A shard streaming from the collector in slot ``slot`` (``actor``: the handle it went to)."""
+
+    shard: _Shard
+    slot: int
+    actor: Any
+    received: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Batch:
+    seq: int
+    items: list[tuple[str, EpisodeItem]]
+    attempts: int = 0
+
+
+@dataclass
+class _SlotStats:
+    episodes: int = 0
+    busy_s: float = 0.0
+    replaced: int = 0
+
+
+@dataclass
+class _Down:
+    """An actor that failed a call: pinged until it answers (Ray restarts it meanwhile).
+
+    A call to an actor that is restarting fails at once, so nothing is sent to it until a ping
+    comes back; ``ref`` is the ping in flight, ``retry_at`` when to ping again.
+    """
+
+    since: float
+    ref: Any = None
+    retry_at: float = 0.0
+
+
+WRITER = "writer"  # the key of the writer among the actors that are down (collectors: slot index)
+
+
+class _Pipeline:
+    """The driver's event loop: work queue -> collectors -> batch buffer -> writer."""
+
+    def __init__(self, cfg: CorpusJobConfig, ids: Sequence[str], todo: Sequence[int],
+                 shared: list[Any], make_collector: Callable[[], Any],
+                 make_writer: Callable[[], Any], writer: Any, bar: Any) -> None:
+        self.cfg, self.ids, self.shared, self.bar = cfg, ids, shared, bar
+        self.make_collector, self.make_writer, self.writer = make_collector, make_writer, writer
+        # Small jobs: shrink the shards so that every collector gets work from the start.
+        slots = cfg.collectors * cfg.shards_in_flight
+        step = max(1, min(cfg.shard_episodes, -(-len(todo) // slots)))
+        self.queue = deque(_Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
+        self.actors = [make_collector() for _ in range(cfg.collectors)]
+        self.slots = [_SlotStats() for _ in self.actors]
+        self.runs: dict[Any, _Run] = {}
+        self.buffer: list[tuple[str, EpisodeItem]] = []
+        self.unacked: dict[Any, _Batch] = {}
+        self.resend: list[_Batch] = []
+        self.down: dict[Any, _Down] = {}
+        self.delivered: set[int] = set()
+        self.failed: dict[str, str] = {}
+        self.decisions: Counter = Counter()
+        self.counts: Counter = Counter()
+        self.insert_s = 0.0
+        self.seq = 0
+        self.started = time.perf_counter()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        while self.queue or self.runs or self.buffer or self.unacked or self.resend:
+            self._ping_down()
+            self._submit_shards()
+            self._send_batch()
+            self._wait()
+
+    def _submit_shards(self) -> None:
+        """Hand out shards round-robin (one per collector per pass), up to the in-flight cap."""
+        busy = Counter(run.slot for run in self.runs.values())
+        while self.queue:
+            free = [slot for slot in range(len(self.actors))
+                    if slot not in self.down and busy[slot] < self.cfg.shards_in_flight]
+            if not free:
+                return
+            for slot in free:
+                if not self.queue:
+                    return
+                shard, actor = self.queue.popleft(), self.actors[slot]
+                gen = actor.collect.options(
+                    # Ray's streaming-generator backpressure: the actor pauses this far ahead.
+                    _generator_backpressure_num_objects=self.cfg.max_unconsumed_episodes,
+                ).remote(shard.indices, self.shared)
+                self.runs[gen] = _Run(shard, slot, actor)
+                busy[slot] += 1
+
+    def _send_batch(self) -> None:
+        if WRITER in self.down:
+            return
+        for batch in sorted(self.resend, key=lambda b: b.seq):
+            self._submit_batch(batch)
+        self.resend = []
+        if not self.buffer or len(self.unacked) >= self.cfg.max_unacked_batches:
+            return
+        collecting = bool(self.queue or self.runs)
+        # Adaptive batching: a full batch, or whatever is waiting when the writer is idle.
+        if len(self.buffer) < self.cfg.writer_batch and self.unacked and collecting:
+            return
+        items, self.buffer = self.buffer[:self.cfg.writer_batch], self.buffer[self.cfg.writer_batch:]
+        self._submit_batch(_Batch(self.seq, items))
+        self.seq += 1
+
+    def _submit_batch(self, batch: _Batch) -> None:
+        self.unacked[self.writer.write.remote(batch.seq, batch.items)] = batch
+
+    def _wait(self) -> None:
+        # Backpressure: with a full batch waiting for the writer, leave the streams unread.
+        reading = len(self.buffer) < self.cfg.writer_batch
+        pings = {d.ref: key for key, d in self.down.items() if d.ref is not None}
+        waitables = list(self.unacked) + list(pings) + (list(self.runs) if reading else [])
+        timeout = self.cfg.poll_s
+        if any(d.ref is None for d in self.down.values()):
+            timeout = min(timeout, self.cfg.retry_interval_s)
+        if not waitables:
+            time.sleep(timeout)
+            return
+        ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
+        for handle in ready:
+            if handle in self.unacked:
+                self._on_ack(handle)
+            elif handle in pings:
+                self._on_ping(pings[handle], handle)
+            else:
+                self._on_stream(handle)
+        self._refresh_bar()
+
+    # -- actors that failed -----------------------------------------------------------------
+    def _actor(self, key: Any) -> Any:
+        return self.writer if key == WRITER else self.actors[key]
+
+    def _mark_down(self, key: Any) -> None:
+        if key not in self.down:
+            self.down[key] = _Down(since=time.perf_counter())
+
+    def _ping_down(self) -> None:
+        now = time.perf_counter()
+        for key, down in self.down.items():
+            if down.ref is None and now >= down.retry_at:
+                down.ref = self._actor(key).ping.remote()
+
+    def _on_ping(self, key: Any, ref: Any) -> None:
+        down = self.down[key]
+        try:
+            ray.get(ref)
+        except ActorDiedError:
+            self._replace(key)  # out of restarts: a fresh actor (nothing else holds its state)
+        except RayError as exc:  # still restarting
+            waited = time.perf_counter() - down.since
+            if waited > self.cfg.restart_timeout_s:
+                raise CorpusJobError(f"the {'grouping writer' if key == WRITER else 'collector'} "
+                                     f"has not come back after {waited:.0f} s: "
+                                     f"{_first_line(exc)}") from None
+            down.ref, down.retry_at = None, time.perf_counter() + self.cfg.retry_interval_s
+            return
+        del self.down[key]
+
+    def _replace(self, key: Any) -> None:
+        ray.kill(self._actor(key), no_restart=True)
+        if key == WRITER:
+            self.writer = self.make_writer()
+            self.counts["writer_replaced"] += 1
+        else:
+            self.actors[key] = self.make_collector()
+            self.slots[key].replaced += 1
+
+    # -- collectors -------------------------------------------------------------------------
+    def _on_stream(self, gen: Any) -> None:
+        run = self.runs[gen]
+        try:
+            item = ray.get(next(gen))
+        except StopIteration:
+            del self.runs[gen]
+            self._requeue(run, "stream ended early")  # no-op when every episode came back
+            return
+        except RayError as exc:
+            del self.runs[gen]
+            self.counts["collector_interruptions"] += 1
+            if self.actors[run.slot] is run.actor:
+                self._mark_down(run.slot)
+            self._requeue(run, f"{type(exc).__name__}: {_first_line(exc)}")
+            return
+        self._accept(run, item)
+
+    def _accept(self, run: _Run, item: EpisodeItem) -> None:
+        run.received.add(item.index)
+        tid = self.ids[item.index]
+        if item.error:
+            self.failed[tid] = item.error
+            self.bar.update(1)
+            return
+        if item.index in self.delivered:  # a retried shard repeated an episode: keep one
+            self.counts["duplicates_dropped"] += 1
+            return
+        self.delivered.add(item.index)
+        self.buffer.append((tid, item))
+        stats = self.slots[run.slot]
+        stats.episodes += 1
+        stats.busy_s += item.seconds
+        self.counts["collected"] += 1
+        self.bar.update(1)
+
+    def _requeue(self, run: _Run, reason: str) -> None:
+        """The unfinished episodes of ``run`` go back to the front, one per shard."""
+        left = [i for i in run.shard.indices if i not in run.received]
+        attempts = run.shard.attempts + 1
+        for index in reversed(left):
+            if attempts >= self.cfg.max_attempts:
+                self.failed[self.ids[index]] = f"collector failed {attempts} times: {reason}"
+                self.bar.update(1)
+            else:
+                self.queue.appendleft(_Shard([index], attempts))
+                self.counts["episodes_requeued"] += 1
+
+    # -- the writer -------------------------------------------------------------------------
+    def _on_ack(self, ref: Any) -> None:
+        batch = self.unacked.pop(ref)
+        try:
+            ack = ray.get(ref)
+        except RayError as exc:
+            # Crashed or failed before acknowledging: send again once the writer answers;
+            # anything it did commit comes back as "duplicate".
+            self.counts["writer_failures"] += 1
+            batch.attempts += 1
+            if batch.attempts >= self.cfg.max_attempts:
+                raise CorpusJobError(f"the grouping writer failed {batch.attempts} times on batch "
+                                     f"{batch.seq} ({len(batch.items)} trajectories): "
+                                     f"{_first_line(exc)}") from None
+            self.counts["batches_resent"] += 1
+            self.resend.append(batch)
+            self._mark_down(WRITER)
+            return
+        for action in ack["actions"].values():
+            self.decisions[action] += 1
+        self.insert_s += ack["seconds"]
+        self.counts["batches"] += 1
+
+    def _refresh_bar(self) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix(traj_per_s=f"{self.counts['collected'] / elapsed:.2f}",
+                             committed=sum(n for a, n in self.decisions.items() if a != "duplicate"),
+                             unacked=len(self.unacked), refresh=False)
+
+
+# -- entry points ---------------------------------------------------------------------------------
+def ensure_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
+    """Connect to ``address`` (or ``$RAY_ADDRESS``) or start a local Ray; True if we started it.
+
+    Locally the dashboard stays off and usage stats are disabled (DESIGN.md: offline).
+    """
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+def _plan(scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None):
+    """Scenes, episodes and the trajectory id of each episode (``policy`` resolved per episode)."""
+    from trajrag import config
+    from trajrag.agent.collect import episode_policy, trajectory_id
+    from trajrag.cli import UserError
+    from trajrag.world.datasets import load_scenes
+    from trajrag.world.episode_gen import generate_episodes
+
+    if per_scene < 1:
+        raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
+    corpus_cfg = config.load("corpus", overrides)
+    scenes = load_scenes(scene_spec, overrides)
+    episode_cfg = config.load("episodes", overrides)
+    episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
+    ids = [trajectory_id(e, episode_policy(e, policy, corpus_cfg.oracle_fraction, corpus_cfg.seed))
+           for e in episodes]
+    repeated = [tid for tid, n in Counter(ids).items() if n > 1]
+    if repeated:
+        raise UserError(f"episodes of {scene_spec} repeat trajectory ids (e.g. {repeated[0]!r}); "
+                        "episode ids must be unique per scene")
+    return scenes, episodes, ids
+
+
+def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: str,
+                     overrides: Sequence[str] = (), seed: int | None = None,
+                     workers: int | None = None, progress: bool = True,
+                     ray_address: str | None = None, faults: FaultPlan | None = None) -> dict:
+    """Collect + convert + insert on Ray with ``workers`` collectors (default: corpus_job.collectors).
+
+    Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
+    per-actor times and what the fault handling did. Uses the running Ray if there is one.
+    """
+    from tqdm import tqdm
+
+    from trajrag import config
+    from trajrag.cli import UserError
+
+    started = time.perf_counter()
+    cfg: CorpusJobConfig = config.load("corpus_job", overrides)
+    cfg.collectors = cfg.collectors if workers is None else int(workers)
+    if cfg.collectors < 1:
+        raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
+    overrides = list(overrides)
+    scenes, episodes, ids = _plan(scene_spec, per_scene, policy, overrides, seed)
+    own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
+    made: list[Any] = []  # every actor this job starts (collectors, writers), killed at the end
+    writer_cls = ray.remote(GroupingWriter).options(
+        num_cpus=cfg.writer_num_cpus, max_restarts=cfg.writer_max_restarts, max_task_retries=0)
+
+    def make_writer():
+        # Retries are the driver's (max_task_retries=0): it knows which batches were acknowledged.
+        actor = writer_cls.remote(store_uri, overrides, faults)
+        made.append(actor)
+        return actor
+
+    writer = make_writer()
+    try:
+        try:
+            missing = set(ray.get(writer.missing.remote(ids)))
+        except RayError as exc:  # e.g. the store URI cannot be opened
+            raise UserError(f"memory store {store_uri}: the grouping writer could not start: "
+                            f"{_first_line(exc)}") from None
+        todo = [i for i, tid in enumerate(ids) if tid in missing]
+        setup_s = time.perf_counter() - started
+        if todo:
+            scenes_ref, episodes_ref = ray.put(scenes), ray.put(episodes)
+            actor_cls = ray.remote(CollectorWorker).options(
+                num_cpus=cfg.collector_num_cpus, max_restarts=cfg.collector_max_restarts,
+                max_task_retries=0)
+
+            def make_collector():
+                actor = actor_cls.remote(policy, overrides, faults)
+                made.append(actor)
+                return actor
+
+            with tqdm(total=len(todo), desc=f"corpus x{cfg.collectors}", unit="traj",
+                      disable=not progress, file=sys.stderr) as bar:
+                pipe = _Pipeline(cfg, ids, todo, [scenes_ref, episodes_ref], make_collector,
+                                 make_writer, writer, bar)
+                pipe.run()
+            writer = pipe.writer
+        else:
+            pipe = None
+        state = ray.get(writer.state.remote())
+    finally:
+        for actor in made:
+            ray.kill(actor, no_restart=True)
+        if own_ray:
+            ray.shutdown()
+    total_s = time.perf_counter() - started
+    return _summary(ids, todo, pipe, state, cfg.collectors, setup_s, total_s)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message of an actor error without Ray's traceback (the cause's last line)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _summary(ids, todo, pipe: _Pipeline | None, state: dict, workers: int, setup_s: float,
+             total_s: float) -> dict:
+    """``build_corpus``'s keys, plus per-actor times and the fault handling counts."""
+    counts = pipe.counts if pipe else Counter()
+    decisions = dict(pipe.decisions) if pipe else {}
+    collected = counts["collected"]
+    slots = pipe.slots if pipe else []
+    return {
+        "episodes_planned": len(ids),
+        "skipped_already_stored": len(ids) - len(todo),
+        "collected": collected,
+        "failed": len(pipe.failed) if pipe else 0,
+        "failed_ids": dict(sorted(pipe.failed.items())) if pipe else {},
+        "decisions": decisions,
+        "chunks": state["chunks"],
+        "groups": state["groups"],
+        "traj_per_s": collected / total_s if collected else 0.0,
+        "workers": workers,
+        "seconds": {
+            "setup": setup_s,
+            # actor-seconds, summed over the collectors (they run in parallel)
+            "collect_and_convert": sum(s.busy_s for s in slots),
+            "insert": pipe.insert_s if pipe else 0.0,
+            "pipeline": total_s - setup_s,
+            "total": total_s,
+        },
+        "actors": {
+            "collectors": [{"episodes": s.episodes, "busy_s": s.busy_s, "replaced": s.replaced}
+                           for s in slots],
+            "writer": {"batches": counts["batches"], "busy_s": pipe.insert_s if pipe else 0.0},
+        },
+        "faults": {key: counts[key] for key in (
+            "collector_interruptions", "episodes_requeued", "duplicates_dropped",
+            "writer_failures", "batches_resent", "writer_replaced")},
+    }

@@ -1,0 +1,194 @@
+"""Training and evaluation data for the trajectory encoder: store chunks, scene split, pairs.
+
+* ``read_records``: the chunks of a memory store (id, group, scene, goal, sector vectors in the
+  store's label ids, description) and the store's label vocabulary.
+* ``split_scenes``: held-out scenes for evaluation, chosen by a seeded hash of the scene name
+  (stable when the store grows); a chunk without a scene hint counts its group as its scene.
+* ``encode_records``: the frozen node encoder applied once to every distinct node (cached), so
+  training only gathers rows of a (U, D) matrix: ``EncodedSet``.
+* ``sample_pairs`` / ``worker_batches``: each anchor gets a positive from its group, else one with
+  the same goal (paper: "positive pairs are sampled from trajectories within the same
+  topological group or sharing the same navigation goal"); every worker gets the same number
+  of pairs, so the gathered batches line up.
+* ``synthetic_store``: a small store of synthetic homes for development and tests (the
+  generators of ``trajrag.bench.store`` inserted through ``TrajectoryMemory``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajrag.encoder import EncoderError
+
+N_SECTORS = 12
+
+
+@dataclass
+class ChunkRecord:
+    """One stored chunk as the encoder sees it. sectors: int16 (K, 12) store label ids."""
+
+    trajectory_id: str
+    group_id: int
+    scene: str
+    goal: str
+    sectors: np.ndarray
+    description: str = ""
+
+
+def scene_key(scene_hint: str | None, group_id: int) -> str:
+    """The scene a chunk belongs to: its scene hint, else its group (a group is one place)."""
+    return str(scene_hint) if scene_hint else f"group-{int(group_id)}"
+
+
+def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
+    """Every chunk of ``store`` (a ``MemoryStore`` or a URI, opened read-only) and the label
+    vocabulary (label id -> category name)."""
+    from trajrag.memory.store import CHUNKS, MemoryStore
+
+    if not isinstance(store, MemoryStore):
+        store = MemoryStore(str(store), read_only=True)
+    table = store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "n_nodes",
+                                "sectors", "description"])
+    names = {label: name for name, label in store.vocabulary().items()}
+    records = []
+    for row in table.to_pylist():
+        sectors = np.asarray(row["sectors"], dtype=np.int16)
+        if sectors.size == 0 or sectors.size % N_SECTORS:
+            raise EncoderError(f"memory store {store.uri}: chunk {row['trajectory_id']!r} has "
+                               f"{sectors.size} sector labels, not a multiple of {N_SECTORS}")
+        records.append(ChunkRecord(
+            trajectory_id=row["trajectory_id"], group_id=int(row["group_id"]),
+            scene=scene_key(row["scene_hint"], row["group_id"]), goal=str(row["goal"]),
+            sectors=sectors.reshape(-1, N_SECTORS), description=row["description"] or ""))
+    return records, names
+
+
+def split_scenes(scenes: Sequence[str], fraction: float, min_held_out: int,
+                 seed: int) -> tuple[list[str], list[str]]:
+    """(training scenes, held-out scenes): the ``max(min_held_out, round(fraction * n))`` scenes
+    first in the order of a seeded hash; at least one scene stays for training."""
+    unique = sorted(set(scenes))
+    if len(unique) < 2:
+        raise EncoderError(f"the store holds {len(unique)} scene(s); training with held-out "
+                           "scenes needs at least 2")
+    order = sorted(unique, key=lambda s: hashlib.sha256(f"{seed}:{s}".encode()).hexdigest())
+    n_out = min(max(min_held_out, int(round(fraction * len(unique)))), len(unique) - 1)
+    return sorted(order[n_out:]), sorted(order[:n_out])
+
+
+@dataclass
+class EncodedSet:
+    """Chunks with their frozen node embeddings, ready for the trajectory model.
+
+    node_emb: float32 (U, D) distinct node embeddings; node_idx/offsets: chunk i's nodes are
+    ``node_emb[node_idx[offsets[i]:offsets[i + 1]]]``; goal_emb: float32 (G, D) with goal_code
+    (N,) indexing it; group: int64 (N,) group ids.
+    """
+
+    ids: list[str]
+    group: np.ndarray
+    goal_code: np.ndarray
+    node_emb: np.ndarray
+    node_idx: np.ndarray
+    offsets: np.ndarray
+    goal_emb: np.ndarray
+    goals: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.node_emb.shape[1])
+
+    def sequences(self, index: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Node-embedding sequences (K_i, D) of the chunks at ``index``."""
+        return [self.node_emb[self.node_idx[self.offsets[i]:self.offsets[i + 1]]] for i in index]
+
+    def goal_vectors(self, index: Sequence[int] | np.ndarray) -> np.ndarray:
+        return self.goal_emb[self.goal_code[np.asarray(index, dtype=np.int64)]]
+
+
+def encode_records(records: Sequence[ChunkRecord], names: Mapping[int, str],
+                   node_encoder: Any) -> EncodedSet:
+    """Apply the frozen node encoder to every distinct node and goal of ``records`` (once)."""
+    texts = [node_encoder.node_text(row, names) for r in records for row in r.sectors]
+    distinct = list(dict.fromkeys(texts))
+    where = {t: k for k, t in enumerate(distinct)}
+    goals = sorted({r.goal for r in records})
+    lengths = np.array([len(r.sectors) for r in records], dtype=np.int64)
+    return EncodedSet(
+        ids=[r.trajectory_id for r in records],
+        group=np.array([r.group_id for r in records], dtype=np.int64),
+        goal_code=np.array([goals.index(r.goal) for r in records], dtype=np.int64),
+        node_emb=node_encoder.encode_cached(distinct).astype(np.float32),
+        node_idx=np.array([where[t] for t in texts], dtype=np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        goal_emb=node_encoder.encode_goals(goals).astype(np.float32)
+        if goals else np.zeros((0, node_encoder.dim), np.float32),
+        goals=goals)
+
+
+def sample_pairs(group: np.ndarray, goal: np.ndarray,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(anchors, positives), shuffled: for each chunk a random other member of its group, else a
+    random other chunk with its goal; chunks with neither are left out."""
+    by_group: dict[int, np.ndarray] = {}
+    by_goal: dict[int, np.ndarray] = {}
+    for table, values in ((by_group, group), (by_goal, goal)):
+        order = np.argsort(values, kind="stable")
+        bounds = np.flatnonzero(np.diff(values[order])) + 1
+        for part in np.split(order, bounds):
+            if len(part):
+                table[int(values[part[0]])] = part
+    anchors, positives = [], []
+    for i in rng.permutation(len(group)):
+        pool = by_group[int(group[i])]
+        if len(pool) < 2:
+            pool = by_goal[int(goal[i])]
+        if len(pool) < 2:
+            continue
+        j = i
+        while j == i:
+            j = int(pool[rng.integers(len(pool))])
+        anchors.append(int(i))
+        positives.append(j)
+    return np.asarray(anchors, dtype=np.int64), np.asarray(positives, dtype=np.int64)
+
+
+def worker_batches(anchors: np.ndarray, positives: np.ndarray, batch_size: int, rank: int,
+                   world: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """This worker's share of the pairs in batches; every worker gets the same batch sizes (the
+    pairs beyond a multiple of ``world`` are dropped for this epoch)."""
+    per_worker = len(anchors) // world
+    if per_worker == 0:
+        raise EncoderError(f"{len(anchors)} training pairs cannot feed {world} workers")
+    mine = slice(rank * per_worker, (rank + 1) * per_worker)
+    a, p = anchors[mine], positives[mine]
+    return [(a[s:s + batch_size], p[s:s + batch_size]) for s in range(0, per_worker, batch_size)]
+
+
+# -- synthetic stores (development, tests, benchmarks) ----------------------------------------------
+def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, *,
+                    length: tuple[int, int] = (5, 20), memory_overrides: Sequence[str] = ()) -> dict:
+    """Insert ``per_scene`` synthetic trajectories of each of ``n_scenes`` synthetic homes into the
+    store at ``uri`` (created if needed) through the real memory (matching, grouping,
+    redundancy); returns the decision counts."""
+    from trajrag import config as config_mod
+    from trajrag.bench.store import synthetic_scene, synthetic_trajectory
+    from trajrag.memory.grouping import TrajectoryMemory, decision_counts
+
+    rng = np.random.default_rng(seed)
+    memory = TrajectoryMemory(uri, config_mod.load("memory", memory_overrides))
+    trajs = []
+    for s in range(n_scenes):
+        scene = synthetic_scene(rng, f"synthetic-{seed}-{s:03d}")
+        trajs += [synthetic_trajectory(scene, rng, f"{scene.name}/ep{k:03d}", length=length)
+                  for k in range(per_scene)]
+    counts = decision_counts(memory.insert_many(trajs))
+    memory.store.close()
+    return counts

@@ -1,0 +1,299 @@
+"""D_traj and f_E (paper Eq. 6): a decoder-only transformer over node embeddings, z = h'_L + h_g.
+
+``TrajectoryModel`` projects the frozen node embeddings [h_1 .. h_L] to the GPT-2 width, runs
+transformers' ``GPT2Model`` on them (``inputs_embeds``, causal attention: order-sensitive, as the
+paper wants), reads the last real position h'_L, projects it to ``out_dim`` and concatenates the
+goal embedding h_g; z is L2-normalised, so a dot product is the cosine similarity of Eq. 7.
+
+A trained model lives in a folder: ``model.safetensors`` (weights; nothing else is ever loaded,
+no pickle) and ``encoder.json`` (architecture, the node encoder it was trained with, the scene
+split, and ``encoder_version``: a hash of both files' content that the store keeps next to every
+embedding, so a mismatched encoder can be detected). ``TrajectoryEncoder`` is the model plus its
+node encoder, for retrieval: trajectories or store chunks in, z out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from trajrag import config as config_mod
+from trajrag.encoder import EncoderError, ModelConfig, NodeEncoderConfig
+
+WEIGHTS = "model.safetensors"
+META = "encoder.json"
+FORMAT = "trajrag-trajectory-encoder/1"
+
+
+def _gpt2_config(cfg: ModelConfig):
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=1, n_positions=cfg.max_nodes, n_embd=cfg.n_embd,
+                      n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
+                      embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout)
+
+
+class TrajectoryModel(nn.Module):
+    """z = normalise(W_out h'_L concat h_g) with [h'_1 .. h'_L] = GPT2(W_in [h_1 .. h_L]).
+
+    ``node_dim``: width of h_k and h_g. ``gpt2_config``: a ``GPT2Config`` dict to rebuild a saved
+    model (else ``cfg`` or ``cfg.init_from`` decides the architecture).
+    """
+
+    def __init__(self, cfg: ModelConfig, node_dim: int, gpt2_config: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2Model
+
+        if gpt2_config is not None:
+            gpt = GPT2Model(GPT2Config.from_dict(dict(gpt2_config)))
+        elif cfg.init_from:
+            gpt = _pretrained_gpt2(cfg.init_from)
+        else:
+            gpt = GPT2Model(_gpt2_config(cfg))
+        # Token embeddings are never used (inputs_embeds): frozen, so DDP does not wait for them.
+        gpt.wte.weight.requires_grad_(False)
+        self.gpt = gpt
+        self.node_dim = int(node_dim)
+        self.max_nodes = int(gpt.config.n_positions)
+        self.inp = nn.Linear(self.node_dim, gpt.config.n_embd)
+        self.out = nn.Linear(gpt.config.n_embd, cfg.out_dim)
+
+    @property
+    def z_dim(self) -> int:
+        return self.out.out_features + self.node_dim
+
+    def forward(self, nodes: torch.Tensor, mask: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+        """nodes: (B, L, node_dim) right-padded; mask: (B, L) bool, True on real nodes (each row
+        has at least one); goal: (B, node_dim). Returns z: (B, z_dim), unit rows."""
+        hidden = self.gpt(inputs_embeds=self.inp(nodes), attention_mask=mask.long()).last_hidden_state
+        last = mask.long().sum(dim=1) - 1
+        h_last = hidden[torch.arange(len(hidden), device=hidden.device), last]
+        z = torch.cat([self.out(h_last), goal.to(h_last.dtype)], dim=-1)
+        return nn.functional.normalize(z, dim=-1)
+
+
+def _pretrained_gpt2(path: str):
+    """GPT-2 / DistilGPT2 weights from a local folder (safetensors only)."""
+    from transformers import GPT2Model
+
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise EncoderError(f"encoder.model.init_from {folder}: needs config.json and "
+                           "model.safetensors (a local GPT-2 / DistilGPT2 folder)")
+    try:
+        return GPT2Model.from_pretrained(str(folder), local_files_only=True, use_safetensors=True)
+    except Exception as exc:  # noqa: BLE001
+        raise EncoderError(f"encoder.model.init_from {folder} cannot be loaded: {exc}") from exc
+
+
+def build_model(cfg: ModelConfig, node_dim: int, seed: int) -> TrajectoryModel:
+    """A freshly initialised model; the same ``seed`` gives the same weights (the untrained
+    baseline is exactly the training run's starting point)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TrajectoryModel(cfg, node_dim)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel wrapper (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+# -- batches --------------------------------------------------------------------------------------
+def pad_sequences(seqs: Sequence[np.ndarray], max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded (B, L, D) float32 and (B, L) bool mask; sequences keep their last
+    ``max_nodes`` nodes (h'_L is read at the end)."""
+    seqs = [np.asarray(s, dtype=np.float32)[-max_nodes:] for s in seqs]
+    if any(len(s) == 0 for s in seqs):
+        raise EncoderError("a trajectory with no nodes cannot be encoded")
+    length = max(len(s) for s in seqs)
+    dim = seqs[0].shape[1]
+    nodes = np.zeros((len(seqs), length, dim), dtype=np.float32)
+    mask = np.zeros((len(seqs), length), dtype=bool)
+    for i, s in enumerate(seqs):
+        nodes[i, : len(s)] = s
+        mask[i, : len(s)] = True
+    return nodes, mask
+
+
+def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
+          batch_size: int, device: str = "cpu") -> np.ndarray:
+    """z (N, z_dim) float32 for node-embedding sequences and goal embeddings (eval mode, no grad)."""
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    out = np.zeros((len(seqs), model.z_dim), dtype=np.float32)
+    with torch.inference_mode():
+        for start in range(0, len(seqs), batch_size):
+            nodes, mask = pad_sequences(seqs[start:start + batch_size], model.max_nodes)
+            z = model(torch.from_numpy(nodes).to(device), torch.from_numpy(mask).to(device),
+                      torch.from_numpy(np.asarray(goals[start:start + batch_size], np.float32)).to(device))
+            out[start:start + len(z)] = z.float().cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+# -- safetensors state ----------------------------------------------------------------------------
+def save_state(path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Write tensors to a safetensors file (atomically: a temporary file, then a rename)."""
+    from safetensors.torch import save_file
+
+    tmp = Path(str(path) + ".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors from a safetensors file; a missing or damaged file raises ``EncoderError`` naming it."""
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise EncoderError(f"{path} not found")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+        raise EncoderError(f"{path} is not a readable safetensors file ({exc}); the checkpoint "
+                           "is corrupted or truncated") from exc
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a state dict saved by ``save_state`` into ``model`` (names and shapes must match)."""
+    state = load_state(path)
+    try:
+        unwrap(model).load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise EncoderError(f"{path} does not fit this model: {str(exc).splitlines()[0]}") from exc
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer state as flat tensors ``state.<param>.<name>`` plus JSON-able param groups."""
+    sd = opt.state_dict()
+    tensors = {f"state.{pid}.{name}": torch.as_tensor(value)
+               for pid, entry in sd["state"].items() for name, value in entry.items()}
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def restore_optimizer(opt: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], groups: dict) -> None:
+    """Inverse of ``optimizer_tensors``."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, pid, name = key.split(".", 2)
+        state.setdefault(int(pid), {})[name] = value
+    opt.load_state_dict({"state": state, "param_groups": groups["param_groups"]})
+
+
+# -- the model folder -----------------------------------------------------------------------------
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_model_dir(model_dir: str | Path, model: nn.Module, model_cfg: ModelConfig,
+                   node_info: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict:
+    """Write ``model.safetensors`` and ``encoder.json``; returns the metadata (with
+    ``encoder_version``)."""
+    folder = Path(model_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    inner = unwrap(model)
+    save_state(folder / WEIGHTS, inner.state_dict())
+    weights_sha = _file_hash(folder / WEIGHTS)
+    meta = {"format": FORMAT, "model": asdict(model_cfg),
+            "gpt2_config": inner.gpt.config.to_dict(), "node_encoder": dict(node_info),
+            "z_dim": inner.z_dim, "weights_sha256": weights_sha, **dict(extra or {})}
+    meta["encoder_version"] = hashlib.sha256(
+        json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    tmp = folder / (META + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, folder / META)
+    return meta
+
+
+def read_meta(model_dir: str | Path) -> dict:
+    """``encoder.json`` of a model folder; a missing or malformed file raises ``EncoderError``."""
+    path = Path(model_dir) / META
+    if not path.is_file():
+        raise EncoderError(f"{path} not found: {model_dir} is not a trained encoder folder "
+                           "(run `trajrag encoder train`)")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EncoderError(f"{path} is not valid JSON ({exc})") from exc
+    missing = [k for k in ("format", "model", "gpt2_config", "node_encoder", "encoder_version",
+                           "weights_sha256") if k not in meta]
+    if missing or meta.get("format") != FORMAT:
+        raise EncoderError(f"{path}: not a {FORMAT} file (missing {missing or 'format'})")
+    return meta
+
+
+def load_model_dir(model_dir: str | Path, device: str = "cpu") -> tuple[TrajectoryModel, dict]:
+    """The trained model (eval mode) and its metadata. The weights file must hash to the
+    value in ``encoder.json``: a corrupted or swapped file raises ``EncoderError`` naming it."""
+    meta = read_meta(model_dir)
+    weights = Path(model_dir) / WEIGHTS
+    if not weights.is_file():
+        raise EncoderError(f"{weights} not found")
+    if _file_hash(weights) != meta["weights_sha256"]:
+        raise EncoderError(f"{weights} does not match {Path(model_dir) / META} (sha256 differs): "
+                           "the weights are corrupted or were replaced")
+    cfg = config_mod.from_dict(ModelConfig, meta["model"])
+    model = TrajectoryModel(cfg, int(meta["node_encoder"]["dim"]), gpt2_config=meta["gpt2_config"])
+    load_weights(model, weights)
+    return model.to(device).eval(), meta
+
+
+class TrajectoryEncoder:
+    """f_E for retrieval: a trained model folder plus the frozen node encoder it was trained with.
+
+    ``node_encoder``: an already loaded ``NodeEncoder`` to share (its model must be the one the
+    folder names, by version); else it is loaded from the folder's record.
+    """
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu", node_encoder=None,
+                 batch_size: int = 256) -> None:
+        from trajrag.encoder.node_encoder import NodeEncoder
+
+        self.model, self.meta = load_model_dir(model_dir, device)
+        self.version: str = self.meta["encoder_version"]
+        self.dim: int = int(self.meta["z_dim"])
+        self.device = device
+        self.batch_size = batch_size
+        info = self.meta["node_encoder"]
+        if node_encoder is None:
+            node_cfg = NodeEncoderConfig(
+                model_dir=info["model_dir"], package="", max_length=int(info["max_length"]),
+                text_max_length=int(info["max_length"]), batch_size=64,
+                free_word=info["free_word"], obstacle_word=info["obstacle_word"],
+                unknown_word=info["unknown_word"])
+            cache = Path(model_dir) / "node_cache.safetensors"
+            node_encoder = NodeEncoder(node_cfg, device=device, cache_path=cache)
+        if node_encoder.version != info["version"]:
+            raise EncoderError(f"{Path(model_dir) / META}: trained with node encoder "
+                               f"{info['version']} ({info['model_dir']}), got {node_encoder.version} "
+                               f"({node_encoder.path})")
+        self.node_encoder = node_encoder
+
+    def encode_sectors(self, sequences: Sequence[np.ndarray], goals: Sequence[str],
+                       names: Mapping[int, str]) -> np.ndarray:
+        """z (N, dim) for sector arrays (K_i, 12) whose category ids index ``names``."""
+        seqs = [self.node_encoder.encode_nodes(s, names) for s in sequences]
+        return embed(self.model, seqs, self.node_encoder.encode_goals(goals), self.batch_size,
+                     self.device)
+
+    def encode_trajectories(self, trajs: Sequence[Any]) -> np.ndarray:
+        """z (N, dim) of ``TopoPolarTrajectory``-like objects (sectors, categories, goal)."""
+        # Each trajectory's category ids index its own category list.
+        seqs = [self.node_encoder.encode_nodes(np.asarray(t.sectors), dict(enumerate(t.categories)))
+                for t in trajs]
+        goals = self.node_encoder.encode_goals([t.goal for t in trajs])
+        return embed(self.model, seqs, goals, self.batch_size, self.device)

@@ -1,0 +1,95 @@
+"""The corpus build on Ray (trajrag.distributed.corpus): exactly-once under crashes, and resume.
+
+One local Ray (the session's ``ray_session``), loopback only. Each build is small: 2 procedural
+train homes x 3 episodes, oracle walks with 64x48 images (the pipeline is under test, not the
+images). A crash is a real process exit (``os._exit``) of a collector or of the grouping actor,
+fired once through a marker file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from trajrag import config
+from trajrag.agent.collect import trajectory_id
+from trajrag.distributed.corpus import FaultPlan, build_corpus_ray
+from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore
+from trajrag.world.datasets import load_scenes
+from trajrag.world.episode_gen import generate_episodes
+
+SCENES, PER_SCENE, POLICY = "procedural:train:2", 3, "oracle"
+# Tiny images (mapping stride 1 keeps every pixel): the same pipeline, ~0.1 s an episode.
+TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
+
+
+@pytest.fixture(scope="module")
+def planned() -> set[str]:
+    """The trajectory ids the build must end up with, computed independently of the job."""
+    scenes = load_scenes(SCENES, TINY)
+    cfg = config.load("episodes", TINY)
+    return {trajectory_id(e, POLICY) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)}
+
+
+def build(store, faults=None, workers=2) -> dict:
+    return build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), TINY, workers=workers,
+                            progress=False, faults=faults)
+
+
+def assert_exactly_once(store, planned: set[str]) -> None:
+    """Every planned id is decided once: a chunk, or dropped as redundant / rejected."""
+    db = MemoryStore(str(store), read_only=True)
+    chunks = db.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
+    decisions = db.read(DECISIONS, ["trajectory_id", "action"]).to_pylist()
+    by_action: dict[str, list[str]] = {}
+    for d in decisions:
+        by_action.setdefault(d["action"], []).append(d["trajectory_id"])
+    redundant, rejected = set(by_action.get("redundant", [])), by_action.get("rejected", [])
+    assert len(chunks) == len(set(chunks)), f"duplicate chunks: {Counter(chunks).most_common(2)}"
+    assert len(rejected) == len(set(rejected)), "a trajectory was rejected twice"
+    inserted = Counter(by_action.get("new", []) + by_action.get("merge", []))
+    assert not inserted or max(inserted.values()) == 1, f"inserted twice: {inserted.most_common(1)}"
+    assert set(chunks) | redundant | set(rejected) == planned
+    assert len(chunks) + len(redundant) + len(rejected) == len(planned)
+
+
+def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_path, planned):
+    marker = tmp_path / "collector-crashed"
+    summary = build(tmp_path / "store", FaultPlan(str(marker), collector_exit_after_episodes=1))
+    assert marker.exists(), "the fault did not fire"
+    assert summary["faults"]["collector_interruptions"] >= 1
+    assert summary["faults"]["episodes_requeued"] >= 1
+    assert summary["failed"] == 0 and summary["collected"] == len(planned)
+    assert_exactly_once(tmp_path / "store", planned)
+
+
+def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path, planned):
+    marker = tmp_path / "writer-crashed"
+    summary = build(tmp_path / "store", FaultPlan(str(marker), writer_exit_after_commits=1))
+    assert marker.exists(), "the fault did not fire"
+    assert summary["faults"]["writer_failures"] >= 1 and summary["faults"]["batches_resent"] >= 1
+    # The batch committed just before the crash came back as already stored, not twice.
+    assert summary["decisions"].get("duplicate", 0) >= 1
+    assert summary["collected"] == len(planned)
+    assert_exactly_once(tmp_path / "store", planned)
+
+
+def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
+    from trajrag.cli import main
+
+    store = tmp_path / "store"
+    argv = ["corpus", "build", "--scenes", SCENES, "--episodes-per-scene", str(PER_SCENE),
+            "--policy", POLICY, "--store", str(store), "--workers", "2", "--json"]
+    for override in TINY:
+        argv += ["--set", override]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["collected"] == len(planned) and first["workers"] == 2
+    assert sum(a["episodes"] for a in first["actors"]["collectors"]) == len(planned)
+    assert first["chunks"] + first["decisions"].get("rejected", 0) <= len(planned)
+    second = build(store, workers=1)
+    assert second["collected"] == 0 and second["skipped_already_stored"] == len(planned)
+    assert second["chunks"] == first["chunks"] and second["groups"] == first["groups"]
+    assert_exactly_once(store, planned)
