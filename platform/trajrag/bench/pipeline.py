@@ -46,6 +46,10 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
         pipeline_s = summary["seconds"]["pipeline"]
         result[f"corpus_traj_per_s_{n}"] = summary["collected"] / pipeline_s if pipeline_s > 0 else 0.0
         result[f"corpus_seconds_{n}"] = summary["seconds"]
+        collected, cpu = max(summary["collected"], 1), summary["cpu_seconds"]
+        # Per-core costs (CPU seconds of the actor processes): the basis of a capacity plan.
+        result[f"corpus_collect_cpu_s_per_traj_{n}"] = cpu["collect_and_convert"] / collected
+        result[f"corpus_insert_cpu_s_per_traj_{n}"] = cpu["insert"] / collected
     result["corpus_trajectories"] = summary["collected"]
     return result
 

@@ -3,12 +3,13 @@
 The same inputs and summary as ``trajrag.cli.corpus.build_corpus`` (one process), spread over
 a Ray cluster:
 
-* **Plan.** The driver loads the scenes, generates the episodes and computes every trajectory
-  id (``agent.collect.trajectory_id``: scene/episode/policy). It asks the writer which ids the
+* **Plan.** The driver loads the scenes (into the object store, once), generates the episodes
+  (one Ray task per scene for large jobs) and computes every trajectory id
+  (``agent.collect.trajectory_id``: scene/episode/policy). It asks the writer which ids the
   store does not hold yet (chunks, ids dropped as redundant and ids rejected as too short), so
   a rerun collects only what is missing (resume from the store).
 * **Collect + convert.** ``CollectorWorker`` actors (one simulator + agents each, an
-  ``agent.collect.Collector``) pull shards of episode indices from the driver's queue and
+  ``agent.collect.Collector``) pull shards (contiguous runs of the scene-ordered episodes) from the driver's queue and
   *stream* each finished episode back (a Ray streaming generator), already converted to its
   topo-polar trajectory. Conversion stays in the collector on purpose, see
   ``CONVERSION_STAYS_IN_THE_COLLECTOR``.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -69,6 +70,8 @@ class CorpusJobConfig:
     max_attempts: int
     retry_interval_s: float
     restart_timeout_s: float
+    scene_cache: int
+    parallel_plan_min_scenes: int
     collector_num_cpus: float
     writer_num_cpus: float
     poll_s: float
@@ -107,7 +110,9 @@ class FaultPlan:
 @dataclass
 class EpisodeItem:
     """One finished episode as a collector streams it: index into the planned episode list,
-    the policy that ran it, its trajectory (None with ``error`` when the episode raised)."""
+    the policy that ran it, its trajectory (None with ``error`` when the episode raised).
+    ``seconds`` is wall time, ``cpu_seconds`` the collector process's CPU time (the per-core
+    cost, unaffected by other processes sharing the core)."""
 
     index: int
     policy: str = ""
@@ -116,43 +121,50 @@ class EpisodeItem:
     spl: float = 0.0
     steps: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     error: str = ""
 
 
 class CollectorWorker:
     """A collector actor: one ``Collector`` (simulator + oracle and explore agents)."""
 
-    def __init__(self, policy: str, overrides: Sequence[str], fault: FaultPlan | None = None) -> None:
+    def __init__(self, policy: str, overrides: Sequence[str], scene_cache: int,
+                 fault: FaultPlan | None = None) -> None:
         from trajrag.agent.collect import Collector
 
         self.collector = Collector(overrides)
         self.policy = policy
         self.fault = fault
         self.finished = 0
-        self.scenes: dict[str, Any] | None = None
-        self.episodes: Sequence[Any] = ()
+        self.scene_cache = scene_cache
+        self.scenes: OrderedDict[str, Any] = OrderedDict()
 
-    def collect(self, indices: Sequence[int], shared: Sequence[Any]):
-        """Run the episodes ``indices`` one by one, yielding an ``EpisodeItem`` for each.
+    def _scene(self, name: str, refs: dict[str, Any]) -> Any:
+        """The scene ``name``, fetched from the object store once and kept among the last
+        ``scene_cache`` used (shards are runs of scene-ordered episodes: few refetches)."""
+        if name not in self.scenes:
+            self.scenes[name] = ray.get(refs[name])
+            while len(self.scenes) > self.scene_cache:
+                self.scenes.popitem(last=False)
+        self.scenes.move_to_end(name)
+        return self.scenes[name]
 
-        ``shared`` is ``[scenes_ref, episodes_ref]`` (the driver put them in the object store
-        once, ~0.5 MB a scene); nested in a list, Ray does not fetch them per call: the actor
-        fetches them on its first call, and again after a restart.
-        """
-        if self.scenes is None:
-            scenes, self.episodes = ray.get(list(shared))
-            self.scenes = {scene.name: scene for scene in scenes}
-        for index in indices:
-            episode = self.episodes[index]
-            started = time.perf_counter()
+    def collect(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
+        """Run ``episodes`` (planned indices ``indices``) one by one, yielding an ``EpisodeItem``
+        for each. ``scene_refs``: scene name -> object ref (nested in a dict, so Ray passes the
+        refs and the actor fetches only the scenes it has not cached)."""
+        for index, episode in zip(indices, episodes):
+            started, cpu = time.perf_counter(), time.process_time()
             try:
-                got = self.collector.collect_one(episode, self.scenes[episode.scene_key], self.policy)
+                scene = self._scene(episode.scene_key, scene_refs)
+                got = self.collector.collect_one(episode, scene, self.policy)
                 metrics = got.result.metrics
                 item = EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
                                    float(metrics.spl), int(metrics.steps))
             except Exception as exc:  # noqa: BLE001 - one bad episode never stops a collector
                 item = EpisodeItem(index, error=f"{type(exc).__name__}: {exc}")
             item.seconds = time.perf_counter() - started
+            item.cpu_seconds = time.process_time() - cpu
             self.finished += 1
             if self.fault and self.fault.collector_exit_after_episodes == self.finished:
                 self.fault.fire()
@@ -193,7 +205,7 @@ class GroupingWriter:
     def write(self, seq: int, batch: Sequence[tuple[str, EpisodeItem]]) -> dict:
         """Insert ``(trajectory_id, item)`` pairs in one ``insert_many`` (one commit); ids already
         decided are skipped. Returns each id's action, the time taken and the store's size."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         actions: dict[str, str] = {}
         fresh = []
         for tid, item in batch:
@@ -214,7 +226,7 @@ class GroupingWriter:
         if self.fault and self.fault.writer_exit_after_commits == self.commits:
             self.fault.fire()
         return {"seq": seq, "actions": actions, "seconds": time.perf_counter() - started,
-                **self.state()}
+                "cpu_seconds": time.process_time() - cpu, **self.state()}
 
     def state(self) -> dict:
         return {"chunks": self.memory.n_chunks, "groups": self.memory.n_groups}
@@ -252,6 +264,7 @@ class _Batch:
 class _SlotStats:
     episodes: int = 0
     busy_s: float = 0.0
+    cpu_s: float = 0.0
     replaced: int = 0
 
 
@@ -275,15 +288,17 @@ class _Pipeline:
     """The driver's event loop: work queue -> collectors -> batch buffer -> writer."""
 
     def __init__(self, cfg: CorpusJobConfig, ids: Sequence[str], todo: Sequence[int],
-                 shared: list[Any], make_collector: Callable[[], Any],
+                 episodes: Sequence[Any], scene_refs: dict[str, Any], make_collector: Callable[[], Any],
                  make_writer: Callable[[], Any], writer: Any, bar: Any) -> None:
-        self.cfg, self.ids, self.shared, self.bar = cfg, ids, shared, bar
+        self.cfg, self.ids, self.bar = cfg, ids, bar
+        self.episodes, self.scene_refs = episodes, scene_refs
         self.make_collector, self.make_writer, self.writer = make_collector, make_writer, writer
         # Small jobs: shrink the shards so that every collector gets work from the start.
         slots = cfg.collectors * cfg.shards_in_flight
         step = max(1, min(cfg.shard_episodes, -(-len(todo) // slots)))
         self.queue = deque(_Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
-        self.actors = [make_collector() for _ in range(cfg.collectors)]
+        # No more collectors than shards (a small resume needs no full fleet).
+        self.actors = [make_collector() for _ in range(min(cfg.collectors, len(self.queue)))]
         self.slots = [_SlotStats() for _ in self.actors]
         self.runs: dict[Any, _Run] = {}
         self.buffer: list[tuple[str, EpisodeItem]] = []
@@ -294,7 +309,7 @@ class _Pipeline:
         self.failed: dict[str, str] = {}
         self.decisions: Counter = Counter()
         self.counts: Counter = Counter()
-        self.insert_s = 0.0
+        self.insert_s = self.insert_cpu_s = 0.0
         self.seq = 0
         self.started = time.perf_counter()
 
@@ -318,10 +333,12 @@ class _Pipeline:
                 if not self.queue:
                     return
                 shard, actor = self.queue.popleft(), self.actors[slot]
+                episodes = [self.episodes[i] for i in shard.indices]
                 gen = actor.collect.options(
                     # Ray's streaming-generator backpressure: the actor pauses this far ahead.
                     _generator_backpressure_num_objects=self.cfg.max_unconsumed_episodes,
-                ).remote(shard.indices, self.shared)
+                ).remote(shard.indices, episodes,
+                         {e.scene_key: self.scene_refs[e.scene_key] for e in episodes})
                 self.runs[gen] = _Run(shard, slot, actor)
                 busy[slot] += 1
 
@@ -437,6 +454,7 @@ class _Pipeline:
         stats = self.slots[run.slot]
         stats.episodes += 1
         stats.busy_s += item.seconds
+        stats.cpu_s += item.cpu_seconds
         self.counts["collected"] += 1
         self.bar.update(1)
 
@@ -473,6 +491,7 @@ class _Pipeline:
         for action in ack["actions"].values():
             self.decisions[action] += 1
         self.insert_s += ack["seconds"]
+        self.insert_cpu_s += ack["cpu_seconds"]
         self.counts["batches"] += 1
 
     def _refresh_bar(self) -> None:
@@ -499,27 +518,89 @@ def ensure_ray(address: str | None = None, num_cpus: float | None = None) -> boo
     return True
 
 
-def _plan(scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None):
-    """Scenes, episodes and the trajectory id of each episode (``policy`` resolved per episode)."""
+def _scene_episodes(scene: Any, per_scene: int, episode_cfg: Any, seed: int) -> list:
+    """One scene's episodes (a Ray task; episode generation is seeded per scene, so the union
+    over scenes equals ``generate_episodes`` over all of them)."""
+    from trajrag.world.episode_gen import generate_episodes
+
+    return generate_episodes([scene], per_scene, episode_cfg, seed)
+
+
+def _generate(scenes: Sequence[Any], scene_refs: dict[str, Any], per_scene: int, episode_cfg: Any,
+              seed: int, cfg: CorpusJobConfig, progress: bool) -> list:
+    """All episodes, in scene order. Many scenes: one Ray task per scene (~0.05 s an episode,
+    so 350k episodes would take the driver alone ~5 h)."""
+    from tqdm import tqdm
+
+    from trajrag.world.episode_gen import check_config, generate_episodes
+
+    if len(scenes) < cfg.parallel_plan_min_scenes:
+        return generate_episodes(scenes, per_scene, episode_cfg, seed)
+    check_config(episode_cfg)
+    task = ray.remote(_scene_episodes).options(num_cpus=cfg.collector_num_cpus)
+    refs = [task.remote(scene_refs[scene.name], per_scene, episode_cfg, seed) for scene in scenes]
+    pending = list(refs)
+    with tqdm(total=len(refs), desc="episodes", unit="scene", disable=not progress, file=sys.stderr) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            bar.update(len(done))
+    return [episode for part in ray.get(refs) for episode in part]
+
+
+def _plan(scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None,
+          cfg: CorpusJobConfig, progress: bool):
+    """Scenes (as object refs), episodes and the trajectory id of each episode (``policy``
+    resolved per episode)."""
     from trajrag import config
     from trajrag.agent.collect import episode_policy, trajectory_id
     from trajrag.cli import UserError
     from trajrag.world.datasets import load_scenes
-    from trajrag.world.episode_gen import generate_episodes
 
-    if per_scene < 1:
-        raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     corpus_cfg = config.load("corpus", overrides)
     scenes = load_scenes(scene_spec, overrides)
+    scene_refs = {scene.name: ray.put(scene) for scene in scenes}
     episode_cfg = config.load("episodes", overrides)
-    episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
+    episodes = _generate(scenes, scene_refs, per_scene, episode_cfg,
+                         episode_cfg.seed if seed is None else seed, cfg, progress)
     ids = [trajectory_id(e, episode_policy(e, policy, corpus_cfg.oracle_fraction, corpus_cfg.seed))
            for e in episodes]
     repeated = [tid for tid, n in Counter(ids).items() if n > 1]
     if repeated:
         raise UserError(f"episodes of {scene_spec} repeat trajectory ids (e.g. {repeated[0]!r}); "
                         "episode ids must be unique per scene")
-    return scenes, episodes, ids
+    return scene_refs, episodes, ids
+
+
+class _Actors:
+    """Makes the job's actors and kills them all at the end (none outlive the job)."""
+
+    def __init__(self, cfg: CorpusJobConfig, store_uri: str, policy: str, overrides: list[str],
+                 faults: FaultPlan | None) -> None:
+        self.cfg, self.store_uri, self.policy, self.overrides, self.faults = (
+            cfg, store_uri, policy, overrides, faults)
+        # Retries are the driver's (max_task_retries=0): it knows what came back and what was
+        # acknowledged; Ray only restarts the processes.
+        self.writer_cls = ray.remote(GroupingWriter).options(
+            num_cpus=cfg.writer_num_cpus, max_restarts=cfg.writer_max_restarts, max_task_retries=0)
+        self.collector_cls = ray.remote(CollectorWorker).options(
+            num_cpus=cfg.collector_num_cpus, max_restarts=cfg.collector_max_restarts,
+            max_task_retries=0)
+        self.made: list[Any] = []
+
+    def writer(self) -> Any:
+        return self._keep(self.writer_cls.remote(self.store_uri, self.overrides, self.faults))
+
+    def collector(self) -> Any:
+        return self._keep(self.collector_cls.remote(self.policy, self.overrides,
+                                                    self.cfg.scene_cache, self.faults))
+
+    def _keep(self, actor: Any) -> Any:
+        self.made.append(actor)
+        return actor
+
+    def kill_all(self) -> None:
+        for actor in self.made:
+            ray.kill(actor, no_restart=True)
 
 
 def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: str,
@@ -529,10 +610,9 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     """Collect + convert + insert on Ray with ``workers`` collectors (default: corpus_job.collectors).
 
     Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
-    per-actor times and what the fault handling did. Uses the running Ray if there is one.
+    per-actor times and what the fault handling did. Uses the running Ray if there is one, else
+    starts a local one for the job.
     """
-    from tqdm import tqdm
-
     from trajrag import config
     from trajrag.cli import UserError
 
@@ -541,55 +621,44 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     cfg.collectors = cfg.collectors if workers is None else int(workers)
     if cfg.collectors < 1:
         raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
-    overrides = list(overrides)
-    scenes, episodes, ids = _plan(scene_spec, per_scene, policy, overrides, seed)
+    if per_scene < 1:
+        raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
-    made: list[Any] = []  # every actor this job starts (collectors, writers), killed at the end
-    writer_cls = ray.remote(GroupingWriter).options(
-        num_cpus=cfg.writer_num_cpus, max_restarts=cfg.writer_max_restarts, max_task_retries=0)
-
-    def make_writer():
-        # Retries are the driver's (max_task_retries=0): it knows which batches were acknowledged.
-        actor = writer_cls.remote(store_uri, overrides, faults)
-        made.append(actor)
-        return actor
-
-    writer = make_writer()
+    actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
     try:
-        try:
-            missing = set(ray.get(writer.missing.remote(ids)))
-        except RayError as exc:  # e.g. the store URI cannot be opened
-            raise UserError(f"memory store {store_uri}: the grouping writer could not start: "
-                            f"{_first_line(exc)}") from None
-        todo = [i for i, tid in enumerate(ids) if tid in missing]
-        setup_s = time.perf_counter() - started
-        if todo:
-            scenes_ref, episodes_ref = ray.put(scenes), ray.put(episodes)
-            actor_cls = ray.remote(CollectorWorker).options(
-                num_cpus=cfg.collector_num_cpus, max_restarts=cfg.collector_max_restarts,
-                max_task_retries=0)
-
-            def make_collector():
-                actor = actor_cls.remote(policy, overrides, faults)
-                made.append(actor)
-                return actor
-
-            with tqdm(total=len(todo), desc=f"corpus x{cfg.collectors}", unit="traj",
-                      disable=not progress, file=sys.stderr) as bar:
-                pipe = _Pipeline(cfg, ids, todo, [scenes_ref, episodes_ref], make_collector,
-                                 make_writer, writer, bar)
-                pipe.run()
-            writer = pipe.writer
-        else:
-            pipe = None
-        state = ray.get(writer.state.remote())
+        return _build(cfg, actors, scene_spec, per_scene, policy, list(overrides), seed, progress, started)
     finally:
-        for actor in made:
-            ray.kill(actor, no_restart=True)
+        actors.kill_all()
         if own_ray:
             ray.shutdown()
-    total_s = time.perf_counter() - started
-    return _summary(ids, todo, pipe, state, cfg.collectors, setup_s, total_s)
+
+
+def _build(cfg: CorpusJobConfig, actors: _Actors, scene_spec: str, per_scene: int, policy: str,
+           overrides: list[str], seed: int | None, progress: bool, started: float) -> dict:
+    """Plan, ask the store what is missing, run the pipeline, summarise."""
+    from tqdm import tqdm
+
+    from trajrag.cli import UserError
+
+    scene_refs, episodes, ids = _plan(scene_spec, per_scene, policy, overrides, seed, cfg, progress)
+    writer = actors.writer()
+    try:
+        missing = set(ray.get(writer.missing.remote(ids)))
+    except RayError as exc:  # e.g. the store URI cannot be opened
+        raise UserError(f"memory store {actors.store_uri}: the grouping writer could not start: "
+                        f"{_first_line(exc)}") from None
+    todo = [i for i, tid in enumerate(ids) if tid in missing]
+    setup_s = time.perf_counter() - started
+    pipe = None
+    if todo:
+        with tqdm(total=len(todo), desc=f"corpus x{cfg.collectors}", unit="traj",
+                  disable=not progress, file=sys.stderr) as bar:
+            pipe = _Pipeline(cfg, ids, todo, episodes, scene_refs, actors.collector, actors.writer,
+                             writer, bar)
+            pipe.run()
+        writer = pipe.writer
+    state = ray.get(writer.state.remote())
+    return _summary(ids, todo, pipe, state, cfg.collectors, setup_s, time.perf_counter() - started)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -605,6 +674,7 @@ def _summary(ids, todo, pipe: _Pipeline | None, state: dict, workers: int, setup
     decisions = dict(pipe.decisions) if pipe else {}
     collected = counts["collected"]
     slots = pipe.slots if pipe else []
+    insert_s = pipe.insert_s if pipe else 0.0
     return {
         "episodes_planned": len(ids),
         "skipped_already_stored": len(ids) - len(todo),
@@ -620,14 +690,18 @@ def _summary(ids, todo, pipe: _Pipeline | None, state: dict, workers: int, setup
             "setup": setup_s,
             # actor-seconds, summed over the collectors (they run in parallel)
             "collect_and_convert": sum(s.busy_s for s in slots),
-            "insert": pipe.insert_s if pipe else 0.0,
+            "insert": insert_s,
             "pipeline": total_s - setup_s,
             "total": total_s,
         },
+        # CPU seconds of the actor processes: the per-core cost, whatever else shares the cores
+        "cpu_seconds": {"collect_and_convert": sum(s.cpu_s for s in slots),
+                        "insert": pipe.insert_cpu_s if pipe else 0.0},
         "actors": {
-            "collectors": [{"episodes": s.episodes, "busy_s": s.busy_s, "replaced": s.replaced}
-                           for s in slots],
-            "writer": {"batches": counts["batches"], "busy_s": pipe.insert_s if pipe else 0.0},
+            "collectors": [{"episodes": s.episodes, "busy_s": s.busy_s, "cpu_s": s.cpu_s,
+                            "replaced": s.replaced} for s in slots],
+            "writer": {"batches": counts["batches"], "busy_s": insert_s,
+                       "cpu_s": pipe.insert_cpu_s if pipe else 0.0},
         },
         "faults": {key: counts[key] for key in (
             "collector_interruptions", "episodes_requeued", "duplicates_dropped",
