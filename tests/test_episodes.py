@@ -205,3 +205,18 @@ def test_generated_episodes_on_real_gibson_maps(gibson_train_path, cfg):
         mine = [e for e in episodes if e.scene_key == scene.name]
         assert {e.object_category for e in mine} == set(present_goal_categories(scene, cfg))
         assert all(scene.is_traversable(e.start_pose().xy) for e in mine)
+
+
+def test_goal_region_does_not_leak_through_a_wall():
+    """An object against a wall is not "reached" from the room on the other side of it."""
+    scene = two_room_scene()
+    chair = np.argwhere(scene.category_map == CATEGORIES.index("chair"))
+    region = goal_region(scene, "chair", 1.0)
+    walls = ~scene.floor
+    # every region cell sees a chair cell along a straight line that crosses no wall cell
+    for r, c in np.argwhere(region)[::7]:
+        d = np.hypot(chair[:, 0] - r, chair[:, 1] - c)
+        tr, tc = chair[int(np.argmin(d))]
+        t = np.linspace(0.0, 1.0, 50)
+        line = np.round(np.stack([r + t * (tr - r), c + t * (tc - c)], 1)).astype(int)
+        assert not walls[line[:, 0], line[:, 1]].any(), (r, c)

@@ -50,6 +50,7 @@ class NavigatorStats:
     planner_calls: int = 0
     no_candidate_fallbacks: int = 0
     unreachable_waypoints: int = 0
+    stop_reason: str = ""  # "goal_in_reach", "goal_reached_waypoint" or "no_frontier_left"
     step_ms: list[float] = field(default_factory=list)
     decision_ms: list[float] = field(default_factory=list)
 
@@ -108,12 +109,12 @@ class Navigator:
         goal_xy = None if self.goal_blocked else self._nearest_goal_cell(pose)
         if goal_xy is not None:
             if np.linalg.norm(goal_xy - pose.xy) <= self.cfg.stop_distance_m:
-                return Action.STOP
+                return self._stop("goal_in_reach")
             result = self.policy.act(sem, pose, goal_xy)
             if result.action is not None:
                 return result.action
             if result.status == PolicyStatus.REACHED:
-                return Action.STOP
+                return self._stop("goal_reached_waypoint")
             self.goal_blocked = True  # seen but unreachable from here: keep exploring
             self.waypoint = None
         return self._explore(obs)
@@ -123,7 +124,7 @@ class Navigator:
         for _ in range(2):  # a decision, then at most one re-decision if its waypoint fails at once
             if self._needs_decision(obs):
                 if not self._decide(obs):
-                    return Action.STOP  # nothing left to explore and no goal seen
+                    return self._stop("no_frontier_left")
             result = self.policy.act(self.builder.map, obs.pose, self.waypoint)
             self.steps_on_waypoint += 1
             if result.action is not None:
@@ -139,6 +140,10 @@ class Navigator:
             self.waypoint = None
         self.policy.interrupt()
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
+
+    def _stop(self, reason: str) -> Action:
+        self.stats.stop_reason = reason
+        return Action.STOP
 
     def _needs_decision(self, obs: Observations) -> bool:
         if self.waypoint is None or self.steps_on_waypoint >= self.cfg.max_steps_per_waypoint:
@@ -158,16 +163,7 @@ class Navigator:
         start = time.perf_counter()
         self.stats.decisions += 1
         sem, pose = self.builder.map, obs.pose
-        all_frontiers = find_frontiers(sem, self.mapping_cfg, agent_xy=pose.xy)
-        all_frontiers = [f for f in all_frontiers if not self._near_any(f, self.spent)]
-        frontiers = [f for f in all_frontiers if not self._near_any(f, self.blacklist)]
-        if not frontiers and all_frontiers and self.blacklist_resets < self.cfg.max_blacklist_resets:
-            # Every frontier left was unreachable once. That is often transient (a collision
-            # mark, a frontier seen from a bad angle): forget them and try again, a few times.
-            self.blacklist_resets += 1
-            self.blacklist = []
-            self.policy.reset()  # collision marks may be what walled the agent in
-            frontiers = all_frontiers
+        frontiers = self._open_frontiers(sem, pose.xy)
         if not frontiers:
             return False
         episode = self.builder.episode
@@ -189,6 +185,20 @@ class Navigator:
         self.steps_on_waypoint = 0
         self.stats.decision_ms.append((time.perf_counter() - start) * 1e3)
         return True
+
+    def _open_frontiers(self, sem, xy: np.ndarray) -> list[Frontier]:
+        """Frontiers worth a decision: reachable through mapped free space, not spent (reached)
+        and not found unreachable. When none is left, a few times per episode, forget the
+        failures and the reachability filter before concluding there is nothing to explore:
+        "nothing left" is usually a narrow passage or a frontier seen from a bad angle."""
+        frontiers = [f for f in find_frontiers(sem, self.mapping_cfg, agent_xy=xy)
+                     if not self._near_any(f, self.spent) and not self._near_any(f, self.blacklist)]
+        if frontiers or self.blacklist_resets >= self.cfg.max_blacklist_resets:
+            return frontiers
+        self.blacklist_resets += 1
+        self.blacklist, self.spent = [], []
+        self.policy.reset()  # collision marks may be what walled the agent in
+        return find_frontiers(sem, self.mapping_cfg)
 
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:
         return any(np.linalg.norm(frontier.centroid_xy - p) <= self.cfg.blacklist_radius_m for p in places)

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "trajrag.cli.episodes",
     "trajrag.cli.corpus",
     "trajrag.cli.bench",
+    "trajrag.cli.encoder",
 )
 
 

@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "topo": "trajrag.bench.topo:run",
     "store": "trajrag.bench.store:run",
     "mapping": "trajrag.bench.mapping:run",
+    "encoder": "trajrag.bench.encoder:run",
     # corpus_traj_per_s_1/_2 now; eval_* and serve_* keys come with the evaluation/Serve jobs
     "pipeline": "trajrag.bench.pipeline:run",
 }

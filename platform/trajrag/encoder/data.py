@@ -37,6 +37,8 @@ class ChunkRecord:
     goal: str
     sectors: np.ndarray
     description: str = ""
+    node_xy: np.ndarray | None = None
+    reference_yaw: float = 0.0
 
 
 def scene_key(scene_hint: str | None, group_id: int) -> str:
@@ -52,7 +54,7 @@ def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=True)
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "n_nodes",
-                                "sectors", "description"])
+                                "sectors", "description", "node_xy", "reference_yaw"])
     names = {label: name for name, label in store.vocabulary().items()}
     records = []
     for row in table.to_pylist():
@@ -63,7 +65,9 @@ def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
         records.append(ChunkRecord(
             trajectory_id=row["trajectory_id"], group_id=int(row["group_id"]),
             scene=scene_key(row["scene_hint"], row["group_id"]), goal=str(row["goal"]),
-            sectors=sectors.reshape(-1, N_SECTORS), description=row["description"] or ""))
+            sectors=sectors.reshape(-1, N_SECTORS), description=row["description"] or "",
+            node_xy=np.asarray(row["node_xy"] or [], dtype=np.float64).reshape(-1, 2),
+            reference_yaw=float(row["reference_yaw"] or 0.0)))
     return records, names
 
 

@@ -102,6 +102,20 @@ def build_model(cfg: ModelConfig, node_dim: int, seed: int) -> TrajectoryModel:
         return TrajectoryModel(cfg, node_dim)
 
 
+def untrained_model(meta: Mapping[str, Any]) -> TrajectoryModel:
+    """The architecture of a saved model with the initial weights of its training run (same
+    seed): the "untrained encoder" baseline."""
+    cfg = config_mod.from_dict(ModelConfig, meta["model"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(meta["seed"]))
+        if cfg.init_from:
+            model = TrajectoryModel(cfg, int(meta["node_encoder"]["dim"]))
+        else:
+            model = TrajectoryModel(cfg, int(meta["node_encoder"]["dim"]),
+                                    gpt2_config=meta["gpt2_config"])
+    return model.eval()
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel wrapper (or the model itself)."""
     return getattr(model, "module", model)
@@ -260,26 +274,32 @@ class TrajectoryEncoder:
     """
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", node_encoder=None,
-                 batch_size: int = 256) -> None:
+                 batch_size: int | None = None, node_cfg: NodeEncoderConfig | None = None) -> None:
+        from dataclasses import replace
+
+        from trajrag.encoder import load_config
         from trajrag.encoder.node_encoder import NodeEncoder
 
         self.model, self.meta = load_model_dir(model_dir, device)
         self.version: str = self.meta["encoder_version"]
         self.dim: int = int(self.meta["z_dim"])
         self.device = device
-        self.batch_size = batch_size
+        defaults = None if (node_cfg and batch_size) else load_config()
+        self.batch_size = int(batch_size or defaults.eval.encode_batch)
         info = self.meta["node_encoder"]
         if node_encoder is None:
-            node_cfg = NodeEncoderConfig(
-                model_dir=info["model_dir"], package="", max_length=int(info["max_length"]),
-                text_max_length=int(info["max_length"]), batch_size=64,
-                free_word=info["free_word"], obstacle_word=info["obstacle_word"],
-                unknown_word=info["unknown_word"])
+            # The node encoder the model was trained with; batch size etc. from the config.
+            node_cfg = replace(
+                node_cfg or defaults.node, model_dir=info["model_dir"] if not info.get("package") else "",
+                package=info.get("package") or (node_cfg or defaults.node).package,
+                max_length=int(info["max_length"]), free_word=info["free_word"],
+                obstacle_word=info["obstacle_word"], unknown_word=info["unknown_word"])
             cache = Path(model_dir) / "node_cache.safetensors"
             node_encoder = NodeEncoder(node_cfg, device=device, cache_path=cache)
         if node_encoder.version != info["version"]:
             raise EncoderError(f"{Path(model_dir) / META}: trained with node encoder "
-                               f"{info['version']} ({info['model_dir']}), got {node_encoder.version} "
+                               f"{info['version']} ({info['model_dir'] or info.get('package')}), "
+                               f"got {node_encoder.version} "
                                f"({node_encoder.path})")
         self.node_encoder = node_encoder
 

@@ -217,6 +217,10 @@ class NodeEncoder:
     def info(self) -> dict:
         """What a trajectory model needs to record about the node encoder it was trained with."""
         cfg = self.cfg
-        return {"model_dir": str(self.path), "version": self.version, "dim": self.dim,
+        # The packaged default is recorded by package name: its folder differs between machines.
+        packaged = not cfg.model_dir
+        return {"model_dir": "" if packaged else str(self.path),
+                "package": cfg.package if packaged else "",
+                "version": self.version, "dim": self.dim,
                 "max_length": cfg.max_length, "free_word": cfg.free_word,
                 "obstacle_word": cfg.obstacle_word, "unknown_word": cfg.unknown_word}

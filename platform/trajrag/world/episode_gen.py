@@ -169,9 +169,10 @@ def _keep_straight(ratio: float, cfg: EpisodeConfig, rng: np.random.Generator) -
 
 
 def present_goal_categories(scene: Scene, cfg: EpisodeConfig) -> list[str]:
-    """The config's goal categories that have at least one object in ``scene`` (config order)."""
+    """The config's goal categories with at least one object in ``scene`` that can be seen from
+    the traversable area (a non-empty goal region), in config order."""
     present = set(scene.present_categories())
-    return [c for c in cfg.goal_categories if c in present]
+    return [c for c in cfg.goal_categories if c in present and scene_goal_field(scene, c, cfg).reachable]
 
 
 def _start_cells(field: GoalField, islands_ok: np.ndarray, cfg: EpisodeConfig) -> np.ndarray:

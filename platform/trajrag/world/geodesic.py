@@ -30,6 +30,7 @@ import numpy as np
 from scipy import ndimage
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra
+from skimage.graph import MCP_Geometric
 
 from trajrag.world.scene import Scene
 
@@ -234,15 +235,33 @@ def _all_finite(field: np.ndarray, cells: np.ndarray) -> bool:
 
 # -- goal regions and the per-(scene, category) cache ---------------------------------------------
 def goal_region(scene: Scene, category: str, success_distance: float) -> np.ndarray:
-    """bool (H, W): traversable cells within ``success_distance`` metres (Euclidean, cell centre
-    to cell centre) of any cell of an object of ``category``. ``KeyError`` naming the scene if the
-    scene has no such category; an all-False region if it has none of those objects."""
+    """bool (H, W): traversable cells within ``success_distance`` metres (Euclidean) of any cell
+    of an object of ``category`` *that see it*: the path to the object through the scene's floor
+    (cells with no wall) is no longer than the straight line (up to the 8-neighbour grid's 8 %
+    and one cell), so the region does not leak through a wall into the next room. Habitat's
+    ObjectNav view points are likewise places the object is seen from. ``KeyError`` naming the
+    scene if it has no such category; all-False if it has none of those objects."""
     category_id = scene.category_id(category)
     objects = scene.category_map == category_id
     if not objects.any():
         return np.zeros(scene.shape, dtype=bool)
-    near = ndimage.distance_transform_edt(~objects) * scene.cell_size <= success_distance
-    return near & scene.traversable
+    euclid = ndimage.distance_transform_edt(~objects) * scene.cell_size
+    near = euclid <= success_distance
+    rows, cols = np.nonzero(near)
+    r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+    costs = np.where((scene.floor | objects)[r0:r1, c0:c1], 1.0, np.inf)
+    through_floor, _ = MCP_Geometric(costs, fully_connected=True).find_costs(
+        np.argwhere(objects[r0:r1, c0:c1]).tolist())
+    window = euclid[r0:r1, c0:c1]
+    seen = through_floor * scene.cell_size <= window * _GRID_DETOUR + scene.cell_size
+    region = np.zeros(scene.shape, dtype=bool)
+    region[r0:r1, c0:c1] = seen & near[r0:r1, c0:c1]
+    return region & scene.traversable
+
+
+# 8-neighbour grid paths are up to 8.2 % longer than the straight line (at 22.5 degrees): a
+# path through the floor within this factor of the Euclidean distance is "in sight".
+_GRID_DETOUR = 1.09
 
 
 @dataclass(frozen=True)

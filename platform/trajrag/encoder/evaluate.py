@@ -1,0 +1,143 @@
+"""Held-out retrieval recall of the trajectory encoder, its baselines, and embeddings to the store.
+
+``evaluate_encoder(store, model_dir)``: the chunks of scenes the model was not trained on (every
+scene not in ``encoder.json``'s ``train_scenes``) are the queries and the gallery. A query's
+positives are the other chunks of its group (the memory's geometric-semantic grouping: the same
+place); recall@k is the share of queries (with at least one positive) that find one in their k
+nearest neighbours by cosine similarity, the query itself excluded. Three embeddings:
+
+* ``trained``: the trained f_E (Eq. 6);
+* ``text``: the paper's text-embedding baseline (TE / TrajTextRAG): the same frozen MiniLM over
+  the chunk's description L(T_tp) (``topo.describe``; it starts with the goal, "Goal: bed.");
+* ``untrained``: f_E with the training run's initial weights (same architecture and seed).
+
+With ``write`` (the default), every chunk of the store then gets the trained embedding and the
+encoder's version, in batches of ``eval.write_batch`` (one store commit each). The store takes a
+single writer: do not run this while a corpus build is inserting into the same store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajrag.encoder import EncoderConfig, EncoderError, load_config
+from trajrag.encoder.data import ChunkRecord, encode_records, read_records
+
+
+def recall_at_k(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> tuple[dict[str, float], int]:
+    """recall@k of same-group neighbours by cosine similarity (rows of ``z`` are unit vectors).
+
+    Returns ({"recall@k": share of queries with a positive among their k nearest}, queries).
+    Queries without any positive (a group of one) are left out.
+    """
+    z = np.asarray(z, dtype=np.float32)
+    group = np.asarray(group)
+    sizes = {g: int(n) for g, n in zip(*np.unique(group, return_counts=True))}
+    queries = np.array([sizes[g] > 1 for g in group.tolist()], dtype=bool)
+    if not queries.any():
+        raise EncoderError("no held-out chunk shares its group with another held-out chunk: "
+                           "recall cannot be measured")
+    sim = z[queries] @ z.T
+    sim[np.arange(int(queries.sum())), np.flatnonzero(queries)] = -np.inf
+    k_max = min(max(ks), len(z) - 1)
+    top = np.argpartition(-sim, k_max - 1, axis=1)[:, :k_max] if k_max < sim.shape[1] else \
+        np.tile(np.arange(sim.shape[1]), (len(sim), 1))
+    # argpartition leaves the top k_max unordered: order them.
+    order = np.take_along_axis(top, np.argsort(-np.take_along_axis(sim, top, 1), axis=1), 1)
+    hit = group[order] == group[queries][:, None]
+    return {f"recall@{k}": float(hit[:, :k].any(axis=1).mean()) for k in ks}, int(queries.sum())
+
+
+def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
+    """The stored description, or L(T_tp) rebuilt from the chunk when the store has none."""
+    if record.description:
+        return record.description
+    from trajrag.topo.describe import describe
+    from trajrag.topo.trajectory import TopoPolarTrajectory
+
+    categories = tuple(names[k] for k in range(max(names, default=-1) + 1))
+    return describe(TopoPolarTrajectory(record.node_xy, record.sectors, categories, record.goal,
+                                        record.reference_yaw))
+
+
+def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str,
+                     batch_size: int) -> int:
+    """Set ``embedding`` and ``encoder_version`` of the chunks ``ids`` (rows of ``z``), committing
+    ``batch_size`` chunks at a time through the store's batch API; returns the chunks written.
+
+    ``store``: a ``MemoryStore`` opened for writing or its URI. Chunks deleted meanwhile are skipped.
+    """
+    from trajrag.memory.store import CHUNKS, Batch, MemoryStore, sql_str
+
+    if not isinstance(store, MemoryStore):
+        store = MemoryStore(str(store))
+    z = np.asarray(z, dtype=np.float32)
+    if z.ndim != 2 or z.shape[1] != store.embedding_dim:
+        raise EncoderError(f"memory store {store.uri} holds {store.embedding_dim}-wide embeddings "
+                           f"(memory.embedding_dim), the encoder makes {z.shape[-1]}-wide ones; "
+                           "set encoder.model.out_dim so that out_dim + the node encoder width match")
+    row_of = {tid: i for i, tid in enumerate(ids)}
+    written = 0
+    for start in range(0, len(ids), batch_size):
+        part = list(ids[start:start + batch_size])
+        where = "trajectory_id IN (" + ", ".join(sql_str(t) for t in part) + ")"
+        rows = store.read(CHUNKS, where=where).to_pylist()
+        for row in rows:
+            row["embedding"] = z[row_of[row["trajectory_id"]]].tolist()
+            row["encoder_version"] = version
+        if rows:
+            store.commit(Batch(chunk_updates=rows))
+            written += len(rows)
+    return written
+
+
+def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,
+                     overrides: Sequence[str] = (), write: bool = True,
+                     node_encoder: Any = None) -> dict:
+    """Held-out recall of the trained encoder, the text baseline and the untrained encoder.
+
+    Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..}, "held_out": {scenes,
+    chunks, queries, written, encoder_version}}``.
+    """
+    from trajrag.encoder.model import TrajectoryEncoder, embed, untrained_model
+    from trajrag.memory.store import MemoryStore
+
+    cfg = cfg or load_config(overrides)
+    if not isinstance(store, MemoryStore):
+        store = MemoryStore(str(store), read_only=not write)
+    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder,
+                                batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
+    records, names = read_records(store)
+    trained_on = set(encoder.meta.get("train_scenes", []))
+    held = [r for r in records if r.scene not in trained_on]
+    if not held:
+        raise EncoderError(f"memory store {store.uri} has no chunks outside the scenes "
+                           f"{Path(model_dir)} was trained on")
+    data = encode_records(held, names, encoder.node_encoder)
+    index = np.arange(len(data))
+    seqs, goals = data.sequences(index), data.goal_vectors(index)
+    batch = cfg.eval.encode_batch
+    embeddings = {
+        "trained": embed(encoder.model, seqs, goals, batch),
+        "text": encoder.node_encoder.encode_texts([_description(r, names) for r in held],
+                                                  max_length=cfg.node.text_max_length),
+        "untrained": embed(untrained_model(encoder.meta), seqs, goals, batch),
+    }
+    result: dict = {}
+    queries = 0
+    for name, z in embeddings.items():
+        result[name], queries = recall_at_k(z, data.group, cfg.eval.ks)
+    written = 0
+    if write:
+        everything = encode_records(records, names, encoder.node_encoder)
+        every = np.arange(len(everything))
+        z_all = embed(encoder.model, everything.sequences(every), everything.goal_vectors(every), batch)
+        written = write_embeddings(store, everything.ids, z_all, encoder.version, cfg.eval.write_batch)
+    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
+                          "queries": queries, "written": written,
+                          "encoder_version": encoder.version}
+    return result
