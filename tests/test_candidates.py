@@ -10,7 +10,8 @@ from scipy import ndimage
 
 from trajrag.topo.candidates import candidate_paths, frontier_node, step_candidates
 from trajrag.topo.sectors import sector_vectors
-from trajrag.topo.trajectory import TopoPolarTrajectory, load_config, xy_to_cells
+from trajrag.topo.trajectory import TopoPolarTrajectory, load_config
+from trajrag.world.frames import xy_to_cell
 
 CS = 0.05
 
@@ -99,7 +100,7 @@ def test_every_reachable_frontier_gets_a_path_and_the_walled_off_one_none(cfg, t
         t = cp.trajectory
         np.testing.assert_allclose(t.node_xy[-1], f.centroid_xy)  # ends at the frontier centroid
         assert t.node_ids[-1] == -1 - cp.frontier_index
-        expected = sector_vectors(sem_map, xy_to_cells(f.centroid_xy, sem_map.origin, CS)[None], traj.reference_yaw, cfg)
+        expected = sector_vectors(sem_map, xy_to_cell(f.centroid_xy, sem_map.origin, CS)[None], traj.reference_yaw, cfg)
         np.testing.assert_array_equal(t.sectors[-1], expected[0])  # the frontier's own sector vector
         assert len(set(t.node_ids.tolist())) == len(t)  # loop-free like a stored trajectory
         assert cp.length_m == pytest.approx(np.linalg.norm(f.centroid_xy - (3.5, 3.5)), abs=0.3)

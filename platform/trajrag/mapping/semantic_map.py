@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage as ndi
 
-from trajrag.world.frames import Pose2D
+from trajrag.world.frames import Pose2D, cell_to_xy, xy_to_cell  # noqa: F401 - re-exported
 from trajrag.world.interface import CameraIntrinsics
 
 
@@ -97,23 +97,7 @@ def validate_config(cfg: MappingConfig) -> None:
             raise ValueError(f"mapping.{key} must be >= 0, got {getattr(cfg, key)}")
 
 
-# -- grid helpers (same convention as world.scene.Scene.to_cell / to_xy) ---------------------------
-def xy_to_cell(xy: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
-    """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
-    xy = np.asarray(xy, dtype=np.float64)
-    col = np.floor((xy[..., 0] - origin[0]) / cell_size)
-    row = np.floor((xy[..., 1] - origin[1]) / cell_size)
-    return np.stack([row, col], axis=-1).astype(np.int64)
-
-
-def cell_to_xy(cell: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
-    """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
-    cell = np.asarray(cell, dtype=np.float64)
-    x = origin[0] + (cell[..., 1] + 0.5) * cell_size
-    y = origin[1] + (cell[..., 0] + 0.5) * cell_size
-    return np.stack([x, y], axis=-1)
-
-
+# -- grid helpers (cell <-> metres: world.frames.xy_to_cell / cell_to_xy) ----------------------------
 # Radii in cells come from metres / cell size (0.1 / 0.05 = 2.0000000000000004): compare with slack.
 _RADIUS_SLACK = 1e-9
 

@@ -31,8 +31,8 @@ from trajrag.topo.trajectory import (
     build_topo_polar,
     prune_loops,
     topo_graph,
-    xy_to_cells,
 )
+from trajrag.world.frames import xy_to_cell
 
 _EIGHT = np.ones((3, 3), dtype=bool)
 
@@ -159,7 +159,7 @@ def candidate_paths(node_xy: np.ndarray, edges: np.ndarray, current_node: int, f
     check_map(sem_map, "candidate_paths: semantic map")
     node_xy = np.asarray(node_xy, dtype=np.float64).reshape(-1, 2)
     cell = float(sem_map.cell_size)
-    node_cells = xy_to_cells(node_xy, sem_map.origin, cell)
+    node_cells = xy_to_cell(node_xy, sem_map.origin, cell)
     pred = bfs_predecessors(len(node_xy), edges, int(current_node))
     targets = frontier_node(node_cells, frontiers, free_space(sem_map), sem_map.origin, cell)
     routes = []
@@ -172,7 +172,7 @@ def candidate_paths(node_xy: np.ndarray, edges: np.ndarray, current_node: int, f
     used = np.unique(np.concatenate([p for _, p in routes]))
     node_sectors = dict(zip(used.tolist(), sector_vectors(sem_map, node_cells[used], current.reference_yaw, cfg)))
     centroids = np.array([np.asarray(frontiers[f].centroid_xy, float) for f, _ in routes])
-    frontier_sectors = sector_vectors(sem_map, xy_to_cells(centroids, sem_map.origin, cell), current.reference_yaw, cfg)
+    frontier_sectors = sector_vectors(sem_map, xy_to_cell(centroids, sem_map.origin, cell), current.reference_yaw, cfg)
     out = []
     for (f, path), centroid, f_sectors in zip(routes, centroids, frontier_sectors):
         legs = np.diff(np.vstack([node_xy[path], centroid[None]]), axis=0)

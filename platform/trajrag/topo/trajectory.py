@@ -23,6 +23,7 @@ from scipy.spatial import cKDTree
 from trajrag.topo.labels import LABEL_DTYPE, SPECIAL_NAMES
 from trajrag.topo.sectors import SemanticMapLike, check_map, sector_vectors
 from trajrag.topo.skeleton import clean_free, free_skeleton, skeleton_edges, skeleton_nodes
+from trajrag.world.frames import cell_to_xy, xy_to_cell
 
 
 @dataclass
@@ -60,22 +61,6 @@ def load_config(overrides: Sequence[str] = ()) -> TopoConfig:
 
 
 # -- grid <-> metres ----------------------------------------------------------------------------
-def cells_to_xy(cells: np.ndarray, origin: Sequence[float], cell_size: float) -> np.ndarray:
-    """Cell centres of int (..., 2) ``[row, col]`` cells -> float (..., 2) map-frame ``(x, y)`` metres."""
-    cells = np.asarray(cells, dtype=np.float64)
-    x = origin[0] + (cells[..., 1] + 0.5) * cell_size
-    y = origin[1] + (cells[..., 0] + 0.5) * cell_size
-    return np.stack([x, y], axis=-1)
-
-
-def xy_to_cells(xy: np.ndarray, origin: Sequence[float], cell_size: float) -> np.ndarray:
-    """Map-frame ``(x, y)`` metres (..., 2) -> int (..., 2) ``[row, col]`` cells containing them."""
-    xy = np.asarray(xy, dtype=np.float64)
-    col = np.floor((xy[..., 0] - origin[0]) / cell_size)
-    row = np.floor((xy[..., 1] - origin[1]) / cell_size)
-    return np.stack([row, col], axis=-1).astype(np.int64)
-
-
 # -- the node set of a map ------------------------------------------------------------------------
 @dataclass
 class TopoGraph:
@@ -104,12 +89,12 @@ def topo_graph(sem_map: SemanticMapLike, cfg: TopoConfig, anchor_xy: np.ndarray 
     """
     check_map(sem_map)
     cell = float(sem_map.cell_size)
-    anchor = None if anchor_xy is None else xy_to_cells(anchor_xy, sem_map.origin, cell)
+    anchor = None if anchor_xy is None else xy_to_cell(anchor_xy, sem_map.origin, cell)
     explored = np.asarray(sem_map.explored, dtype=bool)
     rows, cols = np.flatnonzero(explored.any(axis=1)), np.flatnonzero(explored.any(axis=0))
     if len(rows) == 0:
         cells = np.zeros((0, 2), dtype=np.int64) if anchor is None else anchor.reshape(1, 2)
-        return TopoGraph(cells, cells_to_xy(cells, sem_map.origin, cell), np.zeros((0, 2), dtype=np.int64))
+        return TopoGraph(cells, cell_to_xy(cells, sem_map.origin, cell), np.zeros((0, 2), dtype=np.int64))
     # Free space lies inside the explored box: crop to it (+1 cell) before anything else.
     r0, c0 = max(rows[0] - 1, 0), max(cols[0] - 1, 0)
     window = (slice(r0, rows[-1] + 2), slice(c0, cols[-1] + 2))
@@ -122,7 +107,7 @@ def topo_graph(sem_map: SemanticMapLike, cfg: TopoConfig, anchor_xy: np.ndarray 
     if len(nodes) == 0:  # everything free was speckle
         nodes = np.zeros((0, 2), dtype=np.int64) if anchor is None else local_anchor.reshape(1, 2)
     cells = nodes + np.array([r0, c0])
-    return TopoGraph(cells, cells_to_xy(cells, sem_map.origin, cell), edges)
+    return TopoGraph(cells, cell_to_xy(cells, sem_map.origin, cell), edges)
 
 
 # -- Eq. 4 and f_PL -------------------------------------------------------------------------------
@@ -341,8 +326,8 @@ def build_topo_polar(sem_map: SemanticMapLike, poses: np.ndarray, goal: str, cfg
     if graph is None:
         graph = topo_graph(sem_map, cfg, anchor_xy=poses[-1, :2], with_edges=False)
     if len(graph) == 0:  # no free space and no anchor: the agent's cell is the only node
-        cells = xy_to_cells(poses[-1, :2], sem_map.origin, sem_map.cell_size).reshape(1, 2)
-        graph = TopoGraph(cells, cells_to_xy(cells, sem_map.origin, sem_map.cell_size), np.zeros((0, 2), np.int64))
+        cells = xy_to_cell(poses[-1, :2], sem_map.origin, sem_map.cell_size).reshape(1, 2)
+        graph = TopoGraph(cells, cell_to_xy(cells, sem_map.origin, sem_map.cell_size), np.zeros((0, 2), np.int64))
     ref = float(poses[0, 2]) if reference_yaw is None else float(reference_yaw)
     runs, starts = merge_consecutive(assign_nodes(poses[:, :2], graph.xy), return_starts=True)
     keep = prune_loops(runs, return_index=True)

