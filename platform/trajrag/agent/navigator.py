@@ -196,9 +196,8 @@ class Navigator:
         if frontiers or self.blacklist_resets >= self.cfg.max_blacklist_resets:
             return frontiers
         self.blacklist_resets += 1
-        # The local policy's collision marks stay: they are what routes the next attempt
-        # around the passage that failed.
         self.blacklist, self.spent = [], []
+        self.policy.reset()  # collision marks may be what walled the agent in
         return find_frontiers(sem, self.mapping_cfg)
 
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:

@@ -7,7 +7,7 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
    or not yet seen). That heading is forbidden from that cell for the episode, and a small disk
    ``collision_mark_ahead_m`` in front of the pose is stamped into a collision layer in
    agent-centre space (not inflated, so a grazing contact does not close a doorway); the path is
-   replanned. No displacement over ``stuck_window_steps`` steps also forces a replan. After
+   replanned. No displacement over ``stuck_window_steps`` steps is handled the same way. After
    ``max_recoveries`` such recoveries for one waypoint it is reported unreachable.
 2. **Planning** on obstacles + the collision layer, inflated by ``inflation_radius_m`` (the agent
    radius), cells within ``clearance_margin_m`` more costing extra, with unknown cells free
@@ -51,8 +51,6 @@ class PolicyConfig:
     inflation_radius_m: float
     clearance_margin_m: float
     clearance_cost: float
-    squeeze_radius_m: float
-    squeeze_cost: float
     unknown_traversable: bool
     lookahead_m: float
     waypoint_radius_m: float
@@ -214,8 +212,7 @@ class LocalPolicy:
         if len(self._history) == self._history.maxlen:
             spread = max(float(np.linalg.norm(p - xy)) for p in self._history)
             if spread < cfg.stuck_min_displacement_m:
-                # Turning in place without progress: replan, but stamp nothing (no move was
-                # blocked, and a mark in an arbitrary direction can wall the agent in).
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
                 self._history.clear()
                 return True
         return False
@@ -303,8 +300,7 @@ class LocalPolicy:
         """A* from the agent to the (snapped) waypoint; False if there is no path.
 
         Cells within ``clearance_margin_m`` beyond the inflation cost ``1 + clearance_cost``, so
-        the path keeps off walls where there is room (discrete 30 deg headings wander off it);
-        cells within the inflation but beyond ``squeeze_radius_m`` cost ``1 + squeeze_cost``.
+        the path keeps off walls where there is room (discrete 30 deg headings wander off it).
         """
         start = tuple(int(v) for v in sem_map.to_cell(xy))
         goal = self._snap_goal(sem_map, waypoint, blocked)
@@ -316,13 +312,7 @@ class LocalPolicy:
         r0, r1, c0, c1 = window
         reach = (self.cfg.inflation_radius_m + self.cfg.clearance_margin_m) / sem_map.cell_size
         near = dilate_disk(raw, reach)
-        costs = np.where(blocked[r0:r1, c0:c1], 1.0 + self.cfg.squeeze_cost, 1.0 + self.cfg.clearance_cost * near)
-        # Cells inside the full inflation but clear of the squeeze radius stay passable at a high
-        # cost: mapped obstacles carry a cell or two of error, and an agent that walked into a
-        # pinch (the simulator allowed it) must be able to plan its way out again.
-        squeezed = dilate_disk(raw, self.cfg.squeeze_radius_m / sem_map.cell_size)
-        self._clear_around(squeezed, raw, sem_map, xy, (r0, c0))
-        costs[squeezed] = np.inf
+        costs = np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
         path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
         self._path = None if path is None else np.array(path, dtype=np.int64) + np.array([r0, c0])
         if self._path is not None:
