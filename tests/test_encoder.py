@@ -225,7 +225,8 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
     code = main(["encoder", "eval", "--store", store_uri, "--model", str(out), "--json",
                  "--set", f"encoder.node.model_dir={tiny_node_dir}"])
     assert code == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr().out
+    report = json.loads(captured.strip().splitlines()[-1]) if captured.strip() else pytest.fail(f"no JSON printed: {captured!r}")
     for name in ("trained", "text", "untrained"):
         r = [report[name][f"recall@{k}"] for k in (1, 5, 10)]
         assert 0.0 <= r[0] <= r[1] <= r[2] <= 1.0

@@ -10,6 +10,7 @@ import pytest
 from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.matching import (
+    IVFParams,
     NodeIndex,
     mutual_knn,
     match,
@@ -129,3 +130,20 @@ def test_node_descriptors_are_rotation_invariant_and_index_finds_the_home():
     assert hits >= 27
     index.remove_group(3)
     assert 3 not in index.candidates(homes[3].labels[:, ::3], 30, 10)
+
+
+def test_the_inverted_file_keeps_finding_homes_beyond_the_exact_search():
+    rng = np.random.default_rng(6)
+    homes = [synthetic_scene(rng, f"home{i}") for i in range(60)]
+    ivf = IVFParams(min_nodes=500, lists_per_sqrt=4.0, probes=16, train_sample=4096,
+                    kmeans_iterations=5, seed=0)
+    index = NodeIndex(128, ivf)
+    for g, home in enumerate(homes):
+        index.set_group(g, sample_sectors(home, np.arange(len(home.node_xy)), rng.uniform(0, 6)))
+    assert index._centroids is not None  # trained once the index passed min_nodes
+    queries = [(g, synthetic_trajectory(homes[g], rng, f"q{g}").sectors) for g in range(60)]
+    hits = sum(g in index.candidates(q, 5, 60) for g, q in queries)
+    assert hits >= 50
+    index.remove_group(0)
+    index.set_group(0, homes[0].labels[:, ::3])  # re-added nodes join their nearest lists
+    assert 0 in index.candidates(homes[0].labels[:, ::3], 5, 60)

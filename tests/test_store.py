@@ -153,7 +153,11 @@ def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, c
     def read_loop() -> None:
         try:
             while not stop.is_set():
+                latest = reader.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
+                assert len(latest) == len(set(latest))
+                reader.checkout(reader.snapshot())  # whole batches only, all tables in step
                 ids = reader.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
+                reader.checkout_latest()
                 assert len(ids) == len(set(ids))
                 seen.append(len(ids))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
@@ -171,7 +175,7 @@ def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, c
         thread.join(timeout=30)
     assert not errors
     assert len(seen) >= 5
-    assert set(seen) <= boundaries  # never a partial batch
+    assert set(seen) <= boundaries  # a snapshot never holds part of a batch
     assert seen == sorted(seen)
     assert reader.count(CHUNKS) == memory.n_chunks
 
@@ -266,9 +270,56 @@ def test_compaction_keeps_the_current_summaries_and_everything_readable(tmp_path
     rows_before = memory.store.count(SUMMARIES)
     assert rows_before > len(groups)  # revisions and tombstones pile up between compactions
     memory.store.compact()
-    assert memory.store.count(SUMMARIES) == len(groups)
+    # One row per group left, plus the tombstones that point fused groups' chunks onward.
+    assert memory.store.count(SUMMARIES) == len(groups) + len(memory.store.group_aliases())
     assert memory.store.list_groups() == groups
     reopened = _memory(tmp_path, cfg)
     assert reopened.n_groups == len(groups) and reopened.n_chunks == memory.n_chunks
     assert {g: s.n_nodes for g, s in reopened.summaries.items()} == {
         g: s.n_nodes for g, s in memory.summaries.items()}
+
+
+def test_a_bridging_trajectory_fuses_two_groups_and_their_chunks_follow(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    rng = np.random.default_rng(16)
+    long = next(t for t in _trajs(homes, 40, 16, "long", length=(22, 26), label_noise=0.0,
+                                  unknown_rate=0.0) if len(t) >= 20)
+
+    def part(lo: int, hi: int, name: str) -> TopoPolarTrajectory:
+        piece = TopoPolarTrajectory(long.node_xy[lo:hi], long.sectors[lo:hi], long.categories,
+                                    long.goal, long.reference_yaw, episode_id=name,
+                                    scene_id=long.scene_id)
+        return perturb(piece, rng, episode_id=name)[0]  # each in its own episode frame
+
+    first, second = part(0, 8, "first"), part(len(long) - 8, len(long), "second")
+    assert memory.insert(first).action == "new" and memory.insert(second).action == "new"
+    bridge = replace(part(0, len(long), "bridge"), goal="toilet" if long.goal != "toilet" else "bed")
+    decision = memory.insert(bridge)
+    assert decision.action == "merge" and memory.n_groups == 1
+    assert memory.store.read(DECISIONS, where="action = 'fuse'").num_rows == 1
+    summary = memory.store.get_summary(decision.group_id)
+    nodes_xy = np.asarray(summary["node_xy"]).reshape(-1, 2)
+    for traj in (first, second, bridge):
+        row = memory.store.get_chunk(trajectory_key(traj))
+        assert row["group_id"] == decision.group_id
+        theta, tx, ty = row["group_transform"]
+        R = np.array([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]])
+        in_group = np.asarray(row["node_xy"]).reshape(-1, 2) @ R.T + [tx, ty]
+        np.testing.assert_allclose(in_group, nodes_xy[row["summary_nodes"]], atol=0.3)
+    assert len(memory.store.get_group_chunks(decision.group_id)) == 3
+    assert _memory(tmp_path, cfg).n_groups == 1  # the same after reopening
+
+
+def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    trajs = _trajs(homes, 3, 17, "emb")
+    memory.insert_many(trajs)
+    ids = [trajectory_key(t) for t in trajs]
+    assert memory.store.get_chunk(ids[0])["embedding"] is None
+    z = np.random.default_rng(0).normal(size=(2, memory.store.embedding_dim)).astype(np.float32)
+    assert memory.store.update_embeddings(ids[:2], z, "enc-1") == 2
+    row = memory.store.get_chunk(ids[0])
+    np.testing.assert_allclose(row["embedding"], z[0], rtol=1e-6)
+    assert row["encoder_version"] == "enc-1" and memory.store.get_chunk(ids[2])["embedding"] is None
+    assert _memory(tmp_path, cfg).n_chunks == 3  # the journal knows the update: nothing undone
+    assert memory.store.get_chunk(ids[1])["embedding"] is not None

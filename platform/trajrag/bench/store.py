@@ -11,14 +11,19 @@ The store is grown with ``insert_many`` (batched commits) to each size, then ``t
 single ``insert`` calls are timed there, each one a full LanceDB commit. ``bytes_per_chunk`` is
 the chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
 
-Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The generator functions here (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also
-used by the memory tests.
+Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The generators here
+(``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also used by the memory tests.
+
+numpy's matrix products use every core by default; on a shared machine that makes the
+prefilter several times slower. Run with ``OPENBLAS_NUM_THREADS=1`` (as Ray workers do with
+``OMP_NUM_THREADS=1``) for per-worker numbers; the output records the setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from trajrag.memory.matching import N_SECTORS, SECTOR_ANGLE
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
@@ -35,6 +41,27 @@ CATEGORIES = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor", "dining-t
 GOALS = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")
 # Angular resolution of the synthetic world around a node: rays at any heading hit a 10-degree bin.
 BINS = 36
+# The synthetic homes (plausible shapes, not measured ones): junction jitter off the grid (m);
+# chance that an edge closing a loop is kept; wall arcs per node and their width (bins); share
+# of nodes that see no object; object arcs per node and their width (bins).
+_NODE_JITTER_M = 0.2
+_LOOP_EDGE_P = 0.3
+_WALL_ARCS, _WALL_WIDTH = (1, 3), (4, 12)
+_NO_OBJECT_P = 0.33
+_OBJECT_ARCS, _OBJECT_WIDTH = (1, 3), (2, 5)
+# Episode frames are offset by up to this much from the scene frame (m), as episode-specific maps.
+_FRAME_OFFSET_M = 20.0
+# Walk attempts before settling for a shorter one; steps per wanted node.
+_WALK_TRIES, _WALK_STEPS_PER_NODE = 5, 4
+# Corpus sizes (chunks) at which single inserts are timed, full and --quick.
+_SIZES = {"1k": 1_000, "10k": 10_000, "100k": 100_000}
+_QUICK_SIZES = {"1k": 1_000, "5k": 5_000}
+# Single inserts timed at each size (p95 needs ~20 above it).
+_TIMING_INSERTS = 200
+_QUICK_TIMING_INSERTS = 50
+# A new home every this many trajectories: the paper's corpus has ~2500 per HM3D scene; 100
+# keeps homes (and groups) growing with the corpus, the harder case for the prefilter.
+_CHUNKS_PER_SCENE = 100
 
 
 @dataclass
@@ -58,7 +85,7 @@ def synthetic_scene(rng: np.random.Generator, name: str, *, rows: tuple[int, int
     nr, nc = rng.integers(rows[0], rows[1] + 1, size=2)
     step = rng.uniform(*spacing)
     grid = np.stack(np.meshgrid(np.arange(nc), np.arange(nr)), -1).reshape(-1, 2).astype(float)
-    xy = grid * step + rng.normal(0.0, 0.2, size=grid.shape)
+    xy = grid * step + rng.normal(0.0, _NODE_JITTER_M, size=grid.shape)
     n = len(xy)
     cand = [(i, j) for i in range(n) for j in range(i + 1, n)
             if np.abs(grid[i] - grid[j]).sum() == 1]
@@ -75,25 +102,26 @@ def synthetic_scene(rng: np.random.Generator, name: str, *, rows: tuple[int, int
     for k in order:
         i, j = cand[k]
         ri, rj = find(i), find(j)
-        if ri != rj or rng.random() < 0.3:
+        if ri != rj or rng.random() < _LOOP_EDGE_P:
             parent[ri] = rj
             neighbours[i].append(j)
             neighbours[j].append(i)
     labels = np.full((n, BINS), FREE, dtype=np.int16)
     for k in range(n):
-        for _ in range(rng.integers(1, 4)):
-            start, width = rng.integers(0, BINS), rng.integers(4, 13)
+        for _ in range(rng.integers(_WALL_ARCS[0], _WALL_ARCS[1] + 1)):
+            start, width = rng.integers(0, BINS), rng.integers(_WALL_WIDTH[0], _WALL_WIDTH[1] + 1)
             labels[k, (start + np.arange(width)) % BINS] = OBSTACLE
-        n_obj = 0 if rng.random() < 0.33 else rng.integers(1, 4)
+        n_obj = 0 if rng.random() < _NO_OBJECT_P else rng.integers(_OBJECT_ARCS[0], _OBJECT_ARCS[1] + 1)
         for _ in range(n_obj):
-            start, width = rng.integers(0, BINS), rng.integers(2, 6)
+            start = rng.integers(0, BINS)
+            width = rng.integers(_OBJECT_WIDTH[0], _OBJECT_WIDTH[1] + 1)
             labels[k, (start + np.arange(width)) % BINS] = rng.integers(0, len(CATEGORIES))
     return SyntheticScene(name, xy, neighbours, labels)
 
 
 def sample_sectors(scene: SyntheticScene, nodes: np.ndarray, heading: float) -> np.ndarray:
     """Sector vectors (K, 12) of scene nodes for a reference heading in the scene frame (rad)."""
-    angles = heading + math.pi / 2 + np.arange(12) * (2 * math.pi / 12)
+    angles = heading + math.pi / 2 + np.arange(N_SECTORS) * (2 * math.pi / N_SECTORS)
     bins = np.floor((angles % (2 * math.pi)) / (2 * math.pi) * BINS).astype(int) % BINS
     return scene.labels[np.asarray(nodes)][:, bins]
 
@@ -104,9 +132,9 @@ def random_walk(scene: SyntheticScene, rng: np.random.Generator, length: int,
     to unvisited neighbours; at a dead end it steps back to a visited one and is loop-pruned as
     in the paper (the revisited node keeps its last occurrence, the loop since is dropped)."""
     best: list[int] = []
-    for _ in range(5):
+    for _ in range(_WALK_TRIES):
         path = [int(rng.integers(len(scene.node_xy)))]
-        for _ in range(4 * length):
+        for _ in range(_WALK_STEPS_PER_NODE * length):
             if len(path) >= length:
                 break
             options = scene.neighbours[path[-1]]
@@ -139,7 +167,8 @@ def synthetic_trajectory(scene: SyntheticScene, rng: np.random.Generator, trajec
     xy = scene.node_xy[nodes] + rng.normal(0.0, jitter_m, size=(len(nodes), 2))
     phi, t = 0.0, np.zeros(2)
     if frame_motion:
-        phi, t = float(rng.uniform(-math.pi, math.pi)), rng.uniform(-20, 20, size=2)
+        phi = float(rng.uniform(-math.pi, math.pi))
+        t = rng.uniform(-_FRAME_OFFSET_M, _FRAME_OFFSET_M, size=2)
     R = np.array([[math.cos(phi), -math.sin(phi)], [math.sin(phi), math.cos(phi)]])
     return TopoPolarTrajectory(
         node_xy=xy @ R.T + t, sectors=sectors.astype(np.int16), categories=scene.categories,
@@ -171,12 +200,12 @@ def perturb(traj: TopoPolarTrajectory, rng: np.random.Generator, *, theta: float
     and the (R, t) that maps the copy's frame back onto the original's.
     """
     theta = float(rng.uniform(-math.pi, math.pi)) if theta is None else theta
-    t = rng.uniform(-10, 10, size=2)
+    t = rng.uniform(-_FRAME_OFFSET_M, _FRAME_OFFSET_M, size=2)
     R = np.array([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]])
     sectors = np.asarray(traj.sectors)
     ref = traj.reference_yaw
     if shift_sectors:
-        sectors = np.roll(sectors, int(round(theta / (2 * math.pi / 12))), axis=1)
+        sectors = np.roll(sectors, int(round(theta / SECTOR_ANGLE)), axis=1)
     else:
         ref = float((ref + theta + math.pi) % (2 * math.pi) - math.pi)
     if label_noise > 0:
@@ -212,15 +241,15 @@ def run(args: argparse.Namespace) -> dict:
 
     quick = bool(getattr(args, "quick", False))
     cfg = load("memory", getattr(args, "overrides", []) or [])
-    sizes = {"1k": 1_000, "5k": 5_000} if quick else {"1k": 1_000, "10k": 10_000, "100k": 100_000}
-    timing_inserts = 50 if quick else 200
-    chunks_per_scene = 100
+    sizes = _QUICK_SIZES if quick else _SIZES
+    timing_inserts = _QUICK_TIMING_INSERTS if quick else _TIMING_INSERTS
     verbose = not getattr(args, "json", False)
     root = tempfile.mkdtemp(prefix="trajrag-bench-store-")
-    out: dict = {"chunks_per_scene": chunks_per_scene, "timing_inserts": timing_inserts}
+    out: dict = {"chunks_per_scene": _CHUNKS_PER_SCENE, "timing_inserts": timing_inserts,
+                 "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default")}
     try:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
-        work = _Workload(cfg.seed, chunks_per_scene)
+        work = _Workload(cfg.seed, _CHUNKS_PER_SCENE)
         for name, size in sizes.items():
             start, grown = time.perf_counter(), 0
             while memory.n_chunks < size - timing_inserts:

@@ -47,8 +47,8 @@ def scene_key(scene_hint: str | None, group_id: int) -> str:
 
 
 def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
-    """Every chunk of ``store`` (a ``MemoryStore`` or a URI, opened read-only) and the label
-    vocabulary (label id -> category name)."""
+    """Every chunk of ``store`` (a ``MemoryStore`` or a URI, opened read-only) with its current
+    group (fusions resolved) and the label vocabulary (label id -> category name)."""
     from trajrag.memory.store import CHUNKS, MemoryStore
 
     if not isinstance(store, MemoryStore):
@@ -56,8 +56,12 @@ def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "n_nodes",
                                 "sectors", "description", "node_xy", "reference_yaw"])
     names = {label: name for name, label in store.vocabulary().items()}
+    rows = table.to_pylist()
+    # A chunk keeps the group it joined; groups fused since live on under another id.
+    groups = store.resolve_groups([int(r["group_id"]) for r in rows])
     records = []
-    for row in table.to_pylist():
+    for row, group_id in zip(rows, groups):
+        row["group_id"] = group_id
         sectors = np.asarray(row["sectors"], dtype=np.int16)
         if sectors.size == 0 or sectors.size % N_SECTORS:
             raise EncoderError(f"memory store {store.uri}: chunk {row['trajectory_id']!r} has "

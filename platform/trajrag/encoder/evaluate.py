@@ -65,12 +65,17 @@ def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
 
 def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str,
                      batch_size: int) -> int:
-    """Set ``embedding`` and ``encoder_version`` of the chunks ``ids`` (rows of ``z``), committing
-    ``batch_size`` chunks at a time through the store's batch API; returns the chunks written.
+    """Set ``embedding`` and ``encoder_version`` of the chunks ``ids`` (rows of ``z``),
+    ``batch_size`` chunks per LanceDB version; returns the chunks updated.
 
-    ``store``: a ``MemoryStore`` opened for writing or its URI. Chunks deleted meanwhile are skipped.
+    ``store``: a ``MemoryStore`` opened for writing, or its URI. Only the two columns are sent
+    (a partial-column ``merge_insert`` on ``trajectory_id``; ids no longer stored are skipped), and
+    each batch is recorded in the store's journal, so a writer opening the store later does not
+    take the new version for a half-written batch and roll it back.
     """
-    from trajrag.memory.store import CHUNKS, Batch, MemoryStore, sql_str
+    import pyarrow as pa
+
+    from trajrag.memory.store import CHUNKS, MemoryStore, chunk_schema
 
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
@@ -79,19 +84,32 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
         raise EncoderError(f"memory store {store.uri} holds {store.embedding_dim}-wide embeddings "
                            f"(memory.embedding_dim), the encoder makes {z.shape[-1]}-wide ones; "
                            "set encoder.model.out_dim so that out_dim + the node encoder width match")
-    row_of = {tid: i for i, tid in enumerate(ids)}
-    written = 0
+    if len(ids) != len(z):
+        raise EncoderError(f"{len(ids)} chunk ids for {len(z)} embeddings")
+    full = chunk_schema(store.embedding_dim)
+    schema = pa.schema([full.field("trajectory_id"), full.field("embedding"),
+                        full.field("encoder_version")])
+    # The store has no public column update yet: its LanceDB table plus its journal (see report).
+    journal = getattr(store, "_log", None)
+    if journal is None:
+        raise EncoderError(f"memory store {store.uri}: this MemoryStore version has no journal "
+                           "hook to record an embedding update")
+    table = store.table(CHUNKS)
+    updated = 0
     for start in range(0, len(ids), batch_size):
-        part = list(ids[start:start + batch_size])
-        where = "trajectory_id IN (" + ", ".join(sql_str(t) for t in part) + ")"
-        rows = store.read(CHUNKS, where=where).to_pylist()
-        for row in rows:
-            row["embedding"] = z[row_of[row["trajectory_id"]]].tolist()
-            row["encoder_version"] = version
-        if rows:
-            store.commit(Batch(chunk_updates=rows))
-            written += len(rows)
-    return written
+        part = slice(start, start + batch_size)
+        rows = pa.table({"trajectory_id": pa.array(list(ids[part]), pa.string()),
+                         "embedding": pa.FixedSizeListArray.from_arrays(
+                             pa.array(z[part].ravel(), pa.float32()), store.embedding_dim),
+                         "encoder_version": pa.array([version] * len(z[part]), pa.string())},
+                        schema=schema)
+        try:
+            result = table.merge_insert("trajectory_id").when_matched_update_all().execute(rows)
+        except Exception as exc:  # noqa: BLE001 - LanceDB errors become one clear line
+            raise EncoderError(f"memory store {store.uri}: writing embeddings failed: {exc}") from exc
+        journal("embeddings")
+        updated += int(getattr(result, "num_updated_rows", len(rows)))
+    return updated
 
 
 def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,

@@ -126,7 +126,9 @@ class NodeEncoder:
     def encode_texts(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
         """Mean-pooled, L2-normalised embeddings (N, dim) float32 of ``texts`` (no cache)."""
         torch = self._torch
-        max_length = max_length or self.cfg.max_length
+        # Never past the model's position table (a small local BERT may have fewer than asked).
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+        max_length = min(max_length or self.cfg.max_length, limit)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         # Similar lengths in one batch waste less padding.
         order = np.argsort([len(t) for t in texts], kind="stable")

@@ -235,7 +235,8 @@ def train_loop_per_worker(config: dict) -> dict:
         total, count = _epoch(model, opt, data, batches, cfg, rank, world, device)
         seconds = time.perf_counter() - start
         if world > 1:
-            sums = torch.tensor([total, count], dtype=torch.float64)
+            # On the worker's device: NCCL (GPU workers) reduces device tensors only.
+            sums = torch.tensor([total, count], dtype=torch.float64, device=device)
             dist.all_reduce(sums)
             total, count = float(sums[0]), int(sums[1])
         metrics = {"epoch": epoch, "loss": total / max(count, 1), "pairs": count,

@@ -8,7 +8,8 @@ incrementally constructed":
    in-memory float32 matrix); each node of the new trajectory votes for the groups of its most
    similar summary nodes, and only the ``candidates`` best-voted groups are matched exactly. The
    exact matching, the expensive part, therefore does not grow with the number of groups; the
-   vote is one matrix product over all summary nodes (~0.1 us per node).
+   vote searches all summary nodes exactly up to ``ivf_min_nodes`` and an inverted file
+   (O(sqrt(nodes)) per query) beyond.
 2. **Match** each candidate (``matching.match``: Eq. 8 + mutual KNN, Eq. 9 RANSAC SE(2) with the
    heading check). The accepted candidate with the highest inlier ratio is the group.
 3. **Redundancy** (paper): the new nodes are mapped to summary nodes (inlier pairs first, then the
@@ -23,11 +24,12 @@ incrementally constructed":
    (rotated into the group's sector frame). Otherwise a **new group** starts with the trajectory
    as its summary (group frame = the trajectory's frame).
 5. **Fuse** (ours, ``fuse_groups``): when the trajectory is accepted by further candidate groups,
-   each is fused into the chosen one (summary transformed by ``T_best o T_other^-1``, chunks
-   re-pointed), so a home first seen through non-overlapping trajectories ends in one group.
+   each is fused into the chosen one (summary transformed by ``T_best o T_other^-1``; the
+   other group's chunks follow through a tombstone, ``MemoryStore.group_aliases``), so a home
+   first seen through non-overlapping trajectories ends in one group.
 
-Every decision (``new``, ``merge``, ``fuse``, ``redundant``, ``rejected``) is written to the decisions table;
-``duplicate`` (an id already stored) is a no-op that writes nothing. ``insert_many`` commits
+Every decision (``new``, ``merge``, ``fuse``, ``redundant``, ``rejected``) is written to the
+decisions table; ``duplicate`` (an id already stored) is a no-op that writes nothing. ``insert_many`` commits
 ``batch_size`` trajectories per LanceDB commit; the in-memory state follows each decision, so
 later trajectories of a batch see the earlier ones.
 """
@@ -45,6 +47,7 @@ import numpy as np
 
 from trajrag.memory.matching import (
     N_SECTORS,
+    IVFParams,
     MatchParams,
     MatchResult,
     NodeIndex,
@@ -53,14 +56,7 @@ from trajrag.memory.matching import (
     match,
     rotate_sectors,
 )
-from trajrag.memory.store import (
-    CHUNKS,
-    DECISIONS,
-    SUMMARIES,
-    Batch,
-    MemoryStore,
-    StoreError,
-)
+from trajrag.memory.store import CHUNKS, DECISIONS, Batch, MemoryStore, StoreError
 from trajrag.topo.describe import describe
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -82,9 +78,15 @@ class MemoryConfig:
     heading_slack: float
     min_inliers: int
     min_score: float
+    min_edge_support: int
     merge_radius_m: float
     candidates: int
     prefilter_neighbours: int
+    ivf_min_nodes: int
+    ivf_lists_per_sqrt: float
+    ivf_probes: int
+    ivf_train_sample: int
+    ivf_kmeans_iterations: int
     fuse_groups: bool
     descriptor_dim: int
     embedding_dim: int
@@ -92,13 +94,18 @@ class MemoryConfig:
     compact_every: int
     seed: int
 
+    def ivf_params(self) -> IVFParams:
+        return IVFParams(min_nodes=self.ivf_min_nodes, lists_per_sqrt=self.ivf_lists_per_sqrt,
+                         probes=self.ivf_probes, train_sample=self.ivf_train_sample,
+                         kmeans_iterations=self.ivf_kmeans_iterations, seed=self.seed)
+
     def match_params(self) -> MatchParams:
         return MatchParams(
             mutual_k=self.mutual_k, min_node_similarity=self.min_node_similarity,
             ransac_threshold_m=self.ransac_threshold_m, ransac_iterations=self.ransac_iterations,
             huber_delta_m=self.huber_delta_m, refit_iterations=self.refit_iterations,
             heading_slack=self.heading_slack, min_inliers=self.min_inliers,
-            min_score=self.min_score)
+            min_score=self.min_score, min_edge_support=self.min_edge_support)
 
 
 class TopoPolarLike(Protocol):
@@ -240,7 +247,7 @@ class TrajectoryMemory:
         self._reset_pending()
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
-        self.index = NodeIndex(self.cfg.descriptor_dim)
+        self.index = NodeIndex(self.cfg.descriptor_dim, self.cfg.ivf_params())
         for row in self.store.read_summaries([
             "group_id", "node_xy", "sectors", "node_count", "edges", "reference_yaw",
             "n_members", "scene_hints", "goals"]).to_pylist():
@@ -258,18 +265,23 @@ class TrajectoryMemory:
         redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
         self._redundant_ids = set(redundant.column("trajectory_id").to_pylist())
         chunks = self.store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "summary_nodes"])
+        aliases = self.store.group_aliases()
         self._members: dict[int, dict[str, list[_Member]]] = {}
         self._chunk_ids: set[str] = set()
         for tid, gid, goal, nodes in zip(*(chunks.column(c).to_pylist() for c in chunks.column_names)):
+            gid = int(gid)
+            if gid in aliases:  # a chunk of a group fused since: its current group and nodes
+                nodes = aliases[gid].node_map[np.asarray(nodes, dtype=np.int64)].tolist()
+                gid = aliases[gid].group_id
             self._chunk_ids.add(tid)
-            self._add_member(int(gid), goal, tid, collapse_repeats(nodes))
-            if int(gid) in self.summaries:
-                self.summaries[int(gid)].n_members += 1
+            self._add_member(gid, goal, tid, collapse_repeats(nodes))
+            if gid in self.summaries:
+                self.summaries[gid].n_members += 1
         decisions = self.store.read(DECISIONS, ["seq", "group_id"])
         self._next_seq = max(decisions.column("seq").to_pylist(), default=-1) + 1
         # Fused groups leave no summary; their ids stay in the log and are never reused.
         used = [g for g in decisions.column("group_id").to_pylist() if g is not None]
-        self._next_group = max([*self.summaries, *used], default=-1) + 1
+        self._next_group = max([*self.summaries, *aliases, *used], default=-1) + 1
 
     def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
         self._members.setdefault(gid, {}).setdefault(goal, []).append(
@@ -498,7 +510,8 @@ class TrajectoryMemory:
         """Fuse group ``other`` into ``gid`` (a trajectory matched both); T: other -> gid frame.
 
         The other summary's nodes join ours like a trajectory's (nearest node within the merge
-        radius, else a new node); its members are re-pointed (group, summary nodes, transform).
+        radius, else a new node); its members are re-pointed in memory, and in the store through
+        a tombstone (``MemoryStore.group_aliases``) rather than by rewriting their chunks.
         """
         dst, src = self.summaries[gid], self.summaries.pop(other)
         moved = T.apply(src.node_xy)
@@ -532,35 +545,14 @@ class TrajectoryMemory:
             for m in members:
                 self._add_member(gid, goal, m.trajectory_id,
                                  collapse_repeats(node_map[list(m.seq)]))
-        self._repoint_chunks(other, gid, node_map, T)
+        # The other group's chunks keep their rows: a tombstone says where they live now.
         self._pending_groups.discard(other)
         self._pending_groups.add(gid)
-        self._pending.fused_groups[other] = gid
+        self._pending.tombstones.append({
+            "group_id": other, "fused_into": gid, "fuse_transform": T.as_list(),
+            "node_map": node_map.astype(np.int32), "updated_at": _now()})
         self._record(Decision(tid, "fuse", gid, score, T, other_id=str(other),
                               reason=f"group {other} fused into {gid} ({len(new)} new nodes)"))
-
-    def _repoint_chunks(self, old: int, new: int, node_map: np.ndarray, T: Transform2D) -> None:
-        """Move the chunks of group ``old`` (stored and pending) into group ``new``."""
-        def patch(row: dict) -> dict:
-            row["group_id"] = new
-            row["summary_nodes"] = node_map[np.asarray(row["summary_nodes"], dtype=np.int64)]
-            inner = Transform2D(*(float(v) for v in row["group_transform"]))
-            row["group_transform"] = np.asarray(T.compose(inner).as_list(), dtype=np.float32)
-            return row
-
-        for row in self._pending.chunks:
-            if row["group_id"] == old:
-                patch(row)
-        updates = {r["trajectory_id"]: r for r in self._pending.chunk_updates}
-        dropped = set(self._pending.delete_chunk_ids)
-        for row in self.store.read(CHUNKS, where=f"group_id = {int(old)}").to_pylist():
-            tid = row["trajectory_id"]
-            if tid not in updates and tid not in dropped:
-                updates[tid] = row
-        for tid, row in updates.items():
-            if row["group_id"] == old:
-                updates[tid] = patch(row)
-        self._pending.chunk_updates = list(updates.values())
 
     def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
                 policy: str | None) -> Decision:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class SectorNodes(Protocol):
     node_xy: np.ndarray  # float (K, 2) metres
     sectors: np.ndarray  # int (K, 12) labels
     reference_yaw: float  # radians
+    edges: Any  # (E, 2) int array or a set of (a, b) node pairs
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class MatchParams:
     heading_slack: float
     min_inliers: int
     min_score: float
+    min_edge_support: int
 
 
 @dataclass
@@ -111,7 +113,9 @@ class MatchResult:
     transform: a-frame -> b-frame, or None when no valid transform was found.
     pairs: (c, 2) int node indices (i in a, j in b) from mutual KNN.
     inliers: (c,) bool, pairs consistent with ``transform`` (distance and heading).
-    accepted: score, inlier count and transform pass the configured thresholds.
+    accepted: score, inlier count, edge support and transform pass the configured thresholds.
+    edge_support: trajectory edges whose two nodes are inliers matched to one summary node or
+        to two summary nodes joined by an edge (a shared stretch of path, not scattered points).
     """
 
     score: float
@@ -119,6 +123,7 @@ class MatchResult:
     pairs: np.ndarray
     inliers: np.ndarray
     accepted: bool
+    edge_support: int = 0
 
     @property
     def n_inliers(self) -> int:
@@ -321,8 +326,9 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
 
     Both arguments need ``node_xy`` (K, 2) metres, ``sectors`` (K, 12) labels in one shared label
     vocabulary, and ``reference_yaw`` (radians). The transform maps the trajectory's frame into
-    the summary's. ``accepted`` requires at least ``min_inliers`` consistent pairs and an inlier
-    ratio of at least ``min_score``.
+    the summary's. Both need ``edges`` too (an (E, 2) array or a set of pairs). ``accepted``
+    requires at least ``min_inliers`` consistent pairs, an inlier ratio of at least ``min_score``
+    and ``min_edge_support`` edges of the trajectory found again in the summary.
     """
     sim_all = sector_similarity_all(traj.sectors, summary.sectors)
     S = sim_all.max(axis=0)
@@ -345,8 +351,40 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
     # |C| counts trajectory nodes, not pairs: a node with k tied candidates adds k pairs of which
     # at most one can be right, and should not dilute the ratio k-fold.
     score = n_in / len(np.unique(i))
-    accepted = n_in >= params.min_inliers and score >= params.min_score
-    return MatchResult(float(score), Transform2D.from_rt(R, t), pairs, inliers, accepted)
+    T = Transform2D.from_rt(R, t)
+    support = edge_support(pairs[inliers], traj.edges, summary.edges,
+                           T.apply(np.asarray(traj.node_xy)), np.asarray(summary.node_xy))
+    accepted = (n_in >= params.min_inliers and score >= params.min_score
+                and support >= params.min_edge_support)
+    return MatchResult(float(score), T, pairs, inliers, accepted, support)
+
+
+def _edge_set(edges: Any) -> set[tuple[int, int]]:
+    if isinstance(edges, (set, frozenset)):
+        return {(min(a, b), max(a, b)) for a, b in edges}
+    arr = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    return {(min(a, b), max(a, b)) for a, b in arr.tolist()}
+
+
+def edge_support(inlier_pairs: np.ndarray, traj_edges: Any, summary_edges: Any,
+                 moved_xy: np.ndarray, summary_xy: np.ndarray) -> int:
+    """Trajectory edges whose ends are inliers matched to one summary node or to the two ends of
+    a summary edge. Each trajectory node takes its closest inlier pair (``moved_xy``: trajectory
+    nodes in the summary frame)."""
+    best: dict[int, tuple[float, int]] = {}
+    for i, j in np.asarray(inlier_pairs).tolist():
+        d = float(np.linalg.norm(moved_xy[i] - summary_xy[j]))
+        if i not in best or d < best[i][0]:
+            best[i] = (d, j)
+    if len(best) < 2:
+        return 0
+    target = _edge_set(summary_edges)
+    support = 0
+    for a, b in _edge_set(traj_edges):
+        if a in best and b in best:
+            u, v = best[a][1], best[b][1]
+            support += u == v or (min(u, v), max(u, v)) in target
+    return support
 
 
 # -- candidate prefilter ------------------------------------------------------------------------
@@ -384,28 +422,53 @@ def node_descriptors(sectors: np.ndarray, dim: int) -> np.ndarray:
     return desc / np.where(norm > 0, norm, 1.0)
 
 
+@dataclass(frozen=True)
+class IVFParams:
+    """Inverted-file search over node descriptors (see ``NodeIndex``); configs/memory.yaml."""
+
+    min_nodes: int  # below this many nodes, exact search
+    lists_per_sqrt: float  # lists = lists_per_sqrt * sqrt(nodes at training)
+    probes: int  # lists searched per query node
+    train_sample: int  # nodes the k-means sees
+    kmeans_iterations: int
+    seed: int
+
+
 class NodeIndex:
     """In-memory index of every summary node's descriptor, for picking candidate groups.
 
     ``candidates(sectors, n, neighbours)``: each node of the query retrieves its ``neighbours``
-    most similar summary nodes (dot product of ``node_descriptors``); a group scores the sum,
-    over query nodes, of its best retrieved similarity; the ``n`` best groups are returned.
-    Node-level votes keep partial trajectories findable: a group-level bag of labels is
-    dominated by the labels every home has. The cost is one (K x D) @ (D x N) product over the
-    N summary nodes held (~0.1 us per node at D = 128); exact matching then runs on ``n`` groups
-    only, whatever the number of groups.
+    most similar summary nodes (dot product of ``node_descriptors``) and votes for their groups;
+    the ``n`` best-voted groups are returned. Node-level votes keep partial trajectories
+    findable: a group-level bag of labels is dominated by the labels every home has.
+
+    Search is exact over all N nodes (one (K x D) @ (D x N) product) until N reaches
+    ``ivf.min_nodes``; then an inverted file takes over: spherical k-means splits the nodes into
+    ~``lists_per_sqrt * sqrt(N)`` lists, and each query node searches only the ``probes`` lists
+    whose centroids are closest, so a query costs O(sqrt(N)) instead of O(N). The lists are
+    retrained whenever the index has doubled since the last training (amortised O(1) per
+    insert); nodes added in between join their nearest list.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, ivf: IVFParams | None = None) -> None:
         self.dim = dim
+        self.ivf = ivf
         self._desc = np.zeros((1024, dim), dtype=np.float32)
         self._owner = np.full(1024, -1, dtype=np.int64)
         self._rows: dict[int, np.ndarray] = {}
         self._used = 0
         self._dead = 0
+        self._centroids: np.ndarray | None = None
+        self._lists: list[list[int]] = []
+        self._frozen: list[np.ndarray] = []
+        self._trained_at = 0
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def n_nodes(self) -> int:
+        return self._used - self._dead
 
     def set_group(self, group_id: int, sectors: np.ndarray) -> None:
         """Index (or re-index) all nodes of a group."""
@@ -417,10 +480,15 @@ class NodeIndex:
         else:
             if rows is not None:
                 self.remove_group(group_id)
-            rows = self._alloc(len(desc))
+            extra = rows = self._alloc(len(desc))
         self._desc[rows] = desc
         self._owner[rows] = group_id
         self._rows[group_id] = rows
+        if self._centroids is not None and len(extra):
+            # Rows already indexed keep their list: filling UNKNOWN sectors moves them little.
+            for row, lst in zip(extra.tolist(), (desc[-len(extra):] @ self._centroids.T).argmax(1)):
+                self._lists[lst].append(row)
+        self._maybe_train()
 
     def remove_group(self, group_id: int) -> None:
         rows = self._rows.pop(group_id, None)
@@ -450,26 +518,93 @@ class NodeIndex:
         self._desc[len(live): self._used] = 0.0
         self._owner[len(live): self._used] = -1
         self._rows = {g: remap[r] for g, r in self._rows.items()}
+        self._lists = [[r for r in remap[np.asarray(lst, dtype=np.int64)].tolist() if r >= 0]
+                       for lst in self._lists]
+        self._frozen = [np.asarray(lst, dtype=np.int64) for lst in self._lists]
         self._used, self._dead = len(live), 0
 
+    def _maybe_train(self) -> None:
+        ivf = self.ivf
+        if ivf is None or self.n_nodes < ivf.min_nodes or self.n_nodes < 2 * self._trained_at:
+            return
+        live = np.where(self._owner[: self._used] >= 0)[0]
+        rng = np.random.default_rng(ivf.seed)
+        sample = self._desc[rng.choice(live, min(len(live), ivf.train_sample), replace=False)]
+        n_lists = min(len(sample), int(math.ceil(ivf.lists_per_sqrt * math.sqrt(len(live)))))
+        centroids = sample[rng.choice(len(sample), n_lists, replace=False)]
+        for _ in range(ivf.kmeans_iterations):  # spherical k-means: unit centroids, dot products
+            nearest = (sample @ centroids.T).argmax(axis=1)
+            sums = np.zeros_like(centroids)
+            np.add.at(sums, nearest, sample)
+            norms = np.linalg.norm(sums, axis=1, keepdims=True)
+            centroids = np.where(norms > 0, sums / np.maximum(norms, 1e-12), centroids)
+        self._centroids = centroids.astype(np.float32)
+        assign = np.concatenate([(self._desc[chunk] @ self._centroids.T).argmax(axis=1)
+                                 for chunk in np.array_split(live, max(1, len(live) // 8192))])
+        order = np.argsort(assign, kind="stable")
+        bounds = np.searchsorted(assign[order], np.arange(n_lists + 1))
+        self._lists = [live[order[a:b]].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+        self._frozen = [np.asarray(lst, dtype=np.int64) for lst in self._lists]
+        self._trained_at = len(live)
+
+    def _search_rows(self, query: np.ndarray) -> np.ndarray | None:
+        """Rows to search for a query (None: all of them)."""
+        if self._centroids is None:
+            return None
+        probes = min(self.ivf.probes, len(self._centroids))
+        near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+        chosen = np.unique(near).tolist()
+        self._freeze(chosen)
+        rows = np.concatenate([self._frozen[lst] for lst in chosen])
+        return rows[self._owner[rows] >= 0]
+
+    def _freeze(self, lists: list[int]) -> None:
+        """Numpy copies of the Python row lists (appended to between trainings)."""
+        for lst in lists:
+            if len(self._frozen[lst]) != len(self._lists[lst]):
+                self._frozen[lst] = np.asarray(self._lists[lst], dtype=np.int64)
+
     def candidates(self, sectors: np.ndarray, n: int, neighbours: int) -> list[int]:
-        """Group ids of the ``n`` best-voted groups for a query's sector vectors, best first."""
+        """Group ids of the ``n`` best-voted groups for a query's sector vectors, best first.
+
+        Each query node retrieves its ``neighbours`` most similar summary nodes; a retrieved
+        node votes for its group with sqrt(similarity - the query node's next-best similarity),
+        so a node that looks like many others (a plain corridor) casts almost no vote while a
+        distinctive one counts; a group takes its best vote from each query node.
+        """
         if not self._rows or len(sectors) == 0:
             return []
         query = node_descriptors(sectors, self.dim)
-        sim = query @ self._desc[: self._used].T  # (K, N)
-        m = min(neighbours, self._used)
-        top = np.argpartition(-sim, m - 1, axis=1)[:, :m] if m < self._used else (
-            np.broadcast_to(np.arange(self._used), (len(query), self._used)))
-        owners = self._owner[top]
-        sims = np.take_along_axis(sim, top, axis=1)
+        rows = self._search_rows(query)
+        if rows is None:
+            sim = query @ self._desc[: self._used].T  # (K, N)
+            owner = self._owner[: self._used]
+        else:
+            sim = query @ self._desc[rows].T
+            owner = self._owner[rows]
+        total = sim.shape[1]
+        if total == 0:
+            return []
+        m = min(neighbours, total)
+        if m < total:
+            # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
+            top = np.argpartition(sim, total - m - 1, axis=1)[:, total - m - 1:]
+            sims = np.take_along_axis(sim, top, axis=1)
+            order = np.argsort(-sims, axis=1)
+            top, sims = np.take_along_axis(top, order, 1), np.take_along_axis(sims, order, 1)
+            weights = np.sqrt(np.maximum(sims[:, :m] - sims[:, m:], 0.0))
+            top = top[:, :m]
+        else:
+            top = np.broadcast_to(np.arange(total), sim.shape)
+            weights = np.sqrt(np.maximum(sim, 0.0))
+        owners = owner[top]
         scores: dict[int, float] = {}
-        for q_owners, q_sims in zip(owners, sims):
+        for q_owners, q_weights in zip(owners.tolist(), weights.tolist()):
             best: dict[int, float] = {}
-            for g, s in zip(q_owners.tolist(), q_sims.tolist()):
-                if g >= 0 and s > best.get(g, 0.0):
-                    best[g] = s
-            for g, s in best.items():
-                scores[g] = scores.get(g, 0.0) + s
-        ranked = sorted(scores.items(), key=lambda gs: (-gs[1], gs[0]))
+            for g, w in zip(q_owners, q_weights):
+                if g >= 0 and w > best.get(g, 0.0):
+                    best[g] = w
+            for g, w in best.items():
+                scores[g] = scores.get(g, 0.0) + w
+        ranked = sorted(scores.items(), key=lambda gw: (-gw[1], gw[0]))
         return [g for g, _ in ranked[:n]]

@@ -45,7 +45,7 @@ def corpus_stats(store: MemoryStore | str) -> dict:
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=True)
     chunks = store.read(CHUNKS, ["group_id", "scene_hint"])
-    group_ids = chunks.column("group_id").to_pylist()
+    group_ids = store.resolve_groups(chunks.column("group_id").to_pylist())
     scenes = chunks.column("scene_hint").to_pylist()
     purity, completeness = purity_completeness(group_ids, scenes)
     actions = Counter(store.read(DECISIONS, ["action"]).column("action").to_pylist())

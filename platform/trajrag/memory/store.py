@@ -4,68 +4,73 @@ The store is addressed by a URI string and opened with ``lancedb.connect``: a lo
 default, an object store (``s3://bucket/prefix``, ``gs://...``) for multi-node use; nothing here
 assumes a local path.
 
-Tables (one row each):
+Tables:
 
-* ``chunks``: one topo-polar trajectory (a *chunk*), keyed by ``trajectory_id``. Nodes are kept
-  in the trajectory's own frame (``node_xy``, flattened ``[x0, y0, x1, y1, ...]`` float32 metres),
-  with ``group_transform`` (theta, tx, ty) into the group frame and ``summary_nodes``, the summary
-  node each trajectory node was fused into. ``sectors`` is flattened (K * 12) int8 in the store's
-  label vocabulary. ``embedding`` stays null until the trajectory encoder exists.
+* ``chunks``: one topo-polar trajectory (a *chunk*) per row, keyed by ``trajectory_id``. Nodes
+  are kept in the trajectory's own frame (``node_xy``, flattened ``[x0, y0, x1, y1, ...]``
+  float32 metres) with ``group_transform`` (theta, tx, ty) into the frame of the group it joined
+  (``group_id``) and ``summary_nodes``, the summary node each trajectory node was fused into.
+  ``sectors`` is flattened (K * 12) int8 in the store's label vocabulary, ``description`` the
+  paper's L(T_tp). ``embedding`` stays null until the trajectory encoder exists.
 * ``summaries``: the topo-polar summary of each group, in the group frame: fused node positions,
   per-node descriptors (the sector vectors, from which the prefilter's rotation-invariant node
   descriptors are derived, and node embeddings, null until the node encoder exists), edges,
   per-node observation counts, member count, scene hints and goals seen. The table is
   append-only: a changed summary is a new row with a higher ``revision`` (the commit's journal
-  seq), and a group fused into another gets a tombstone row (``fused_into`` set). The current
-  summaries are the newest row of each group that is not a tombstone (``read_summaries``);
-  ``compact`` rewrites the table to just those. Appending keeps a commit to plain ``add`` calls
-  (an upsert costs 3-4 appends).
+  seq). A group fused into another gets a *tombstone* row (``fused_into``, ``fuse_transform``
+  from its frame into the other's, ``node_map`` from its summary nodes to the other's); its
+  chunks keep their rows and are resolved through the tombstones (``resolve_groups``), so a fusion
+  rewrites no chunk. ``read_summaries`` gives the current summaries; ``compact`` drops old
+  revisions (tombstones stay).
 * ``decisions``: what each insert did (``new``, ``merge``, ``redundant``, ``rejected``, and ``fuse``
   when a trajectory joined two groups into one), with group, score, transform and a reason.
   ``duplicate`` inserts (an id already stored) write nothing.
 * ``vocab``: label id -> category name. Sector labels are store-wide ids (>= 0 objects, and the
   negative ``topo.labels`` codes), so trajectories with different category lists match.
-* ``commits``: a journal, one row per completed batch with every table's version after it.
+* ``commits``: a journal, one row per batch with every data table's version after it.
 
 Concurrency: **one writer** per store (the collectors of the platform issue funnel their
-trajectories to a single inserter); any number of readers. LanceDB commits every append as a new
-table version atomically, so a reader sees either all of a batch or none of it. Idempotency
-by ``trajectory_id`` is checked by the writer against the ids it loaded at open (plus the ones it
-has written since), which is exact under the single-writer assumption.
+trajectories to a single inserter); any number of readers, in other threads or processes, which
+are never blocked. Idempotency by ``trajectory_id`` is checked by the writer against the ids it
+loaded at open plus the ones it has written since, which is exact under the single-writer
+assumption.
 
-A batch spans several tables, and LanceDB commits each table on its own, so batches are made
-atomic with the ``commits`` journal. A batch makes exactly one new version of each table it
-touches (appends with ``add``; upserts and deletions in one ``merge_insert``), so its versions
-are known in advance and one journal row records them, written concurrently with the data. The
-store's *snapshot* is the newest journal row whose versions all exist. If a commit fails
-part-way the tables are restored to the previous snapshot at once; if the process died
-part-way, the next writer that opens the store finds tables out of step with the journal and
-restores them (``recover``). A re-insert after a crash therefore sees either the whole batch or
-none of it, and never duplicates a chunk. A reader of one table never sees half a batch;
-readers that need one consistent view across tables ``checkout(snapshot())``.
+A batch spans several tables and LanceDB commits each table on its own, so batches are made
+atomic with the journal. Every write is an append, except that dropping redundant chunks adds a
+delete, so the versions a batch will produce are known beforehand and its journal row is
+written concurrently with the data (a commit costs about one append, not five). The store's
+*snapshot* is the newest journal row whose versions all exist. If a commit fails part-way, the
+tables are restored to the previous snapshot at once; if the process died part-way, the next
+writer to open the store finds the tables out of step with the journal and restores them
+(``recover``). A re-insert after a crash therefore sees the whole batch or none of it and never
+duplicates a chunk. Readers that need one consistent view across tables (or exactly the rows of
+whole batches) ``checkout(snapshot())``; plain reads see each table's newest version.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from trajrag.memory.matching import Transform2D
 
 CHUNKS = "chunks"
 SUMMARIES = "summaries"
 DECISIONS = "decisions"
 VOCAB = "vocab"
 COMMITS = "commits"
-TABLES = (VOCAB, SUMMARIES, DECISIONS, CHUNKS)  # data tables, in commit order
+TABLES = (VOCAB, SUMMARIES, DECISIONS, CHUNKS)  # the data tables
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 ACTIONS = ("new", "merge", "fuse", "redundant", "rejected", "duplicate")
+# Journal rows read to find the snapshot: more than the rows one failed commit can leave.
+_JOURNAL_TAIL = 16
 
 
 class StoreError(RuntimeError):
@@ -99,28 +104,29 @@ def chunk_schema(embedding_dim: int) -> pa.Schema:
     )
 
 
-def summary_schema() -> pa.Schema:
-    """Schema of the summaries table."""
-    return pa.schema(
-        [
-            pa.field("group_id", pa.int64(), nullable=False),
-            pa.field("revision", pa.int64(), nullable=False),
-            pa.field("fused_into", pa.int64(), nullable=True),
-            pa.field("n_nodes", pa.int32()),
-            pa.field("node_xy", pa.list_(pa.float32())),
-            pa.field("sectors", pa.list_(pa.int8())),
-            pa.field("node_count", pa.list_(pa.int32())),
-            pa.field("edges", pa.list_(pa.int32())),
-            pa.field("reference_yaw", pa.float32()),
-            pa.field("n_members", pa.int32()),
-            pa.field("scene_hints", pa.list_(pa.string())),
-            pa.field("goals", pa.list_(pa.string())),
-            # Per-node embeddings from the node encoder (flattened); null until it exists.
-            pa.field("node_embeddings", pa.list_(pa.float32()), nullable=True),
-            pa.field("updated_at", TIMESTAMP),
-        ]
-    )
-
+SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("group_id", pa.int64(), nullable=False),
+        pa.field("revision", pa.int64(), nullable=False),
+        pa.field("n_nodes", pa.int32()),
+        pa.field("node_xy", pa.list_(pa.float32())),
+        pa.field("sectors", pa.list_(pa.int8())),
+        pa.field("node_count", pa.list_(pa.int32())),
+        pa.field("edges", pa.list_(pa.int32())),
+        pa.field("reference_yaw", pa.float32()),
+        pa.field("n_members", pa.int32()),
+        pa.field("scene_hints", pa.list_(pa.string())),
+        pa.field("goals", pa.list_(pa.string())),
+        # Per-node embeddings from the node encoder (flattened); null until it exists.
+        pa.field("node_embeddings", pa.list_(pa.float32()), nullable=True),
+        # Tombstones only: the group this one was fused into, the transform from this group's
+        # frame into that one's (theta, tx, ty), and this group's node id -> that group's.
+        pa.field("fused_into", pa.int64(), nullable=True),
+        pa.field("fuse_transform", pa.list_(pa.float32(), 3), nullable=True),
+        pa.field("node_map", pa.list_(pa.int32()), nullable=True),
+        pa.field("updated_at", TIMESTAMP),
+    ]
+)
 
 DECISION_SCHEMA = pa.schema(
     [
@@ -149,21 +155,30 @@ COMMIT_SCHEMA = pa.schema(
 
 @dataclass
 class Batch:
-    """Rows to commit together. ``summaries`` are new revisions (the store sets ``revision``);
-    ``fused_groups`` maps a group fused away to the group it went into; ``chunk_updates`` replace
-    chunks by ``trajectory_id`` and ``delete_chunk_ids`` remove them."""
+    """Rows to commit together. ``summaries`` are new summary revisions and ``tombstones`` the
+    rows of groups fused away (the store sets ``revision``); ``delete_chunk_ids`` are chunks
+    dropped as redundant."""
 
     chunks: list[dict] = field(default_factory=list)
     summaries: list[dict] = field(default_factory=list)
+    tombstones: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     vocab: list[dict] = field(default_factory=list)
-    chunk_updates: list[dict] = field(default_factory=list)
     delete_chunk_ids: list[str] = field(default_factory=list)
-    fused_groups: dict[int, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.summaries or self.decisions or self.vocab
-                     or self.chunk_updates or self.delete_chunk_ids or self.fused_groups)
+        return bool(self.chunks or self.summaries or self.tombstones or self.decisions
+                    or self.vocab or self.delete_chunk_ids)
+
+
+@dataclass(frozen=True)
+class GroupAlias:
+    """Where a fused group lives now: ``group_id``, the transform (theta, tx, ty) from the old
+    group frame into it, and ``node_map`` (old summary node id -> current one)."""
+
+    group_id: int
+    transform: tuple[float, float, float]
+    node_map: np.ndarray
 
 
 def sql_str(value: str) -> str:
@@ -171,18 +186,23 @@ def sql_str(value: str) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _dim(schema: pa.Schema, column: str) -> int:
-    return schema.field(column).type.list_size
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def compose_se2(outer: Iterable[float], inner: Iterable[float]) -> tuple[float, float, float]:
+    """``outer o inner`` for SE(2) transforms given as (theta, tx, ty)."""
+    composed = Transform2D(*(float(v) for v in outer)).compose(Transform2D(*(float(v) for v in inner)))
+    return composed.theta, composed.tx, composed.ty
 
 
 class MemoryStore:
     """LanceDB tables of one TrajRAG memory at ``uri`` (open-or-create).
 
     ``embedding_dim`` is needed only to create a new store; an existing store keeps its own (a
-    mismatch raises ``StoreError``). ``read_only`` never creates tables and
-    never repairs. A writer (the default) finishes or undoes a batch a crash left half-written.
-    Reads always see the latest version of each table (strong read consistency), so a reader in
-    another thread or process follows the writer.
+    mismatch raises ``StoreError``). ``read_only`` never creates tables and never repairs. A
+    writer (the default) undoes a batch that a crash left half-written. Reads see the newest
+    version of each table (strong read consistency), so a reader follows the writer.
     """
 
     def __init__(self, uri: str, *, embedding_dim: int | None = None,
@@ -204,42 +224,39 @@ class MemoryStore:
             if embedding_dim is None:
                 raise StoreError(f"memory store {self.uri}: tables {missing} do not exist; creating "
                                  "them needs embedding_dim")
-            schemas = {CHUNKS: chunk_schema(embedding_dim), SUMMARIES: summary_schema(),
+            schemas = {CHUNKS: chunk_schema(embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
                        DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
             for name in missing:
                 self._db.create_table(name, schema=schemas[name], exist_ok=True)
-        self._tables = {name: self._open(name) for name in TABLES}
-        self._journal = self._open(COMMITS)
-        self.embedding_dim = _dim(self._tables[CHUNKS].schema, "embedding")
+        self._tables = {name: self._open(name) for name in (*TABLES, COMMITS)}
+        self.embedding_dim = self._tables[CHUNKS].schema.field("embedding").type.list_size
         self._check_schemas()
         if embedding_dim is not None and embedding_dim != self.embedding_dim:
             raise StoreError(f"memory store {self.uri}: embedding_dim is {self.embedding_dim} in "
                              f"the store, {embedding_dim} was asked for")
-        # Concurrent writes of one batch: one thread per table plus the journal.
+        # The writes of one batch run concurrently: one thread per table plus the journal.
         self._pool = ThreadPoolExecutor(max_workers=len(TABLES) + 1,
                                         thread_name_prefix="trajrag-store")
         self._load_journal()
-        if self._snapshot is None and not read_only:
-            self._log("create")
-        elif not read_only:
-            self.recover()
+        if not read_only:
+            if self._snapshot is None:
+                self._log("create")
+            else:
+                self.recover()
 
     # -- opening and checking ------------------------------------------------------------------
 
-    def _open(self, name: str):
+    def _open(self, name: str) -> Any:
         try:
             return self._db.open_table(name)
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"memory store {self.uri}: table {name!r} cannot be opened: {exc}") from exc
 
     def _check_schemas(self) -> None:
-        expected = {CHUNKS: chunk_schema(self.embedding_dim),
-                    SUMMARIES: summary_schema(),
-                    DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA}
-        tables = dict(self._tables, **{COMMITS: self._journal})
-        expected[COMMITS] = COMMIT_SCHEMA
+        expected = {CHUNKS: chunk_schema(self.embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
+                    DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
         for name, schema in expected.items():
-            have = tables[name].schema
+            have = self._tables[name].schema
             for fld in schema:
                 if fld.name not in have.names or not have.field(fld.name).type.equals(fld.type):
                     got = have.field(fld.name).type if fld.name in have.names else "missing"
@@ -265,22 +282,26 @@ class MemoryStore:
 
     # -- versions and the journal --------------------------------------------------------------
 
-    def _journal_rows(self) -> list[dict]:
-        rows = self._journal.search().limit(None).to_arrow().to_pylist()
-        return sorted(rows, key=lambda r: r["seq"], reverse=True)
-
     def _load_journal(self) -> None:
         """The snapshot is the newest journal row whose versions all exist (<= the tables' own):
-        a row written for a batch that then failed part-way claims versions that never came."""
-        rows = self._journal_rows()
-        current = self.versions()
+        the row of a batch that failed part-way claims versions that never came."""
+        journal = self._tables[COMMITS]
+        n = journal.count_rows()
+        # seq grows by one per row written (gaps only where a write failed), so the newest rows
+        # have seq >= n - tail.
+        rows = self.read(COMMITS, where=f"seq >= {n - _JOURNAL_TAIL}").to_pylist() if n else []
+        rows.sort(key=lambda r: r["seq"], reverse=True)
         self._seq = int(rows[0]["seq"]) + 1 if rows else 0
         self._snapshot: dict[str, int] | None = None
+        current = self.versions()
         for row in rows:
             versions = {name: int(row[f"{name}_version"]) for name in TABLES}
             if all(versions[name] <= current[name] for name in TABLES):
                 self._snapshot = versions
                 return
+        if rows:
+            raise StoreError(f"memory store {self.uri}: no journal row matches the tables' "
+                             f"versions {current}; the store was changed by another writer")
 
     def _journal_row(self, kind: str, versions: dict[str, int]) -> pa.Table:
         row = {"seq": self._seq, "kind": kind, "created_at": _now()}
@@ -290,7 +311,7 @@ class MemoryStore:
 
     def _log(self, kind: str) -> None:
         versions = self.versions()
-        self._journal.add(self._journal_row(kind, versions))
+        self._tables[COMMITS].add(self._journal_row(kind, versions))
         self._snapshot = versions
 
     def versions(self) -> dict[str, int]:
@@ -301,15 +322,11 @@ class MemoryStore:
         """Versions after the last complete batch: a consistent view across tables."""
         if self.read_only:
             self._load_journal()
-        if self._snapshot is None:
-            return self.versions()
-        return dict(self._snapshot)
+        return self.versions() if self._snapshot is None else dict(self._snapshot)
 
     def recover(self) -> bool:
-        """Undo a batch that a crash left half-written (tables ahead of the journal).
-
-        Returns True when something was undone. Called by a writer at open.
-        """
+        """Undo a batch that a crash left half-written (tables out of step with the journal).
+        Returns True when something was undone; a writer calls it at open."""
         snap = self.snapshot()
         if self.versions() == snap:
             return False
@@ -334,18 +351,16 @@ class MemoryStore:
             self._tables[name].checkout(int(version))
 
     def checkout_latest(self) -> None:
-        for table in self._tables.values():
-            table.checkout_latest()
+        for name in TABLES:
+            self._tables[name].checkout_latest()
 
     # -- writing -------------------------------------------------------------------------------
 
     def commit(self, batch: Batch) -> dict[str, int]:
-        """Write one batch atomically (see the module docstring) and return the new snapshot.
+        """Write one batch atomically (see the module docstring); returns the new snapshot.
 
-        Every table gets at most one new version per batch, so the versions after the batch are
-        known beforehand and the journal row is written *together with* the data (all writes run
-        concurrently: a commit costs about one write, not five). On any failure the tables are
-        restored to the snapshot before the batch and ``StoreError`` is raised.
+        On any failure the tables are restored to the snapshot before the batch and
+        ``StoreError`` is raised.
         """
         if self.read_only:
             raise StoreError(f"memory store {self.uri}: opened read-only")
@@ -353,16 +368,16 @@ class MemoryStore:
         writes = self._writes(batch)
         if not writes:
             return before
-        expected = dict(before, **{name: before[name] + 1 for name in writes})
-        journal = self._journal_row("batch", expected)  # the seq _writes stamped on summaries
-        futures = {name: self._pool.submit(fn) for name, fn in writes.items()}
-        futures[COMMITS] = self._pool.submit(self._journal.add, journal)
-        errors, actual = [], dict(before)
+        expected = dict(before)
+        for name, (_, n_versions) in writes.items():
+            expected[name] += n_versions
+        futures = {name: self._pool.submit(fn) for name, (fn, _) in writes.items()}
+        futures[COMMITS] = self._pool.submit(self._tables[COMMITS].add,
+                                             self._journal_row("batch", expected))
+        errors = []
         for name, future in futures.items():
             try:
-                result = future.result()
-                if name != COMMITS:
-                    actual[name] = int(result.version)
+                future.result()
             except Exception as exc:  # noqa: BLE001 - collected, then rolled back
                 errors.append(f"{name}: {exc}")
         if errors:
@@ -373,65 +388,103 @@ class MemoryStore:
                                  "written, the next writer to open the store will undo it") from None
             raise StoreError(f"memory store {self.uri}: batch not written, store rolled back to "
                              f"{before}: {'; '.join(errors)}")
-        self._snapshot = actual
+        self._snapshot = expected
+        actual = self.versions()
         if actual != expected:  # e.g. a retried commit took two versions: record what is true
             self._log("batch")
         return dict(self._snapshot)
 
-    def _writes(self, batch: Batch) -> dict[str, Any]:
-        """One callable per table to write (each makes exactly one new version)."""
+    def _writes(self, batch: Batch) -> dict[str, tuple[Callable[[], Any], int]]:
+        """Per table: a callable that writes its rows, and how many versions it makes."""
         t, writes = self._tables, {}
         if batch.vocab:
             vocab = pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA)
-            writes[VOCAB] = partial(t[VOCAB].add, vocab)
-        if batch.summaries or batch.fused_groups:
-            tombstones = [{"group_id": int(g), "fused_into": int(into)}
-                          for g, into in batch.fused_groups.items()]
-            rows = [dict(r, revision=self._seq) for r in [*batch.summaries, *tombstones]]
-            writes[SUMMARIES] = partial(t[SUMMARIES].add,
-                                        pa.Table.from_pylist(rows, schema=summary_schema()))
+            writes[VOCAB] = (lambda: t[VOCAB].add(vocab), 1)
+        if batch.summaries or batch.tombstones:
+            rows = [dict(r, revision=self._seq) for r in [*batch.summaries, *batch.tombstones]]
+            summaries = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+            writes[SUMMARIES] = (lambda: t[SUMMARIES].add(summaries), 1)
         if batch.decisions:
             decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
-            writes[DECISIONS] = partial(t[DECISIONS].add, decisions)
-        schema = chunk_schema(self.embedding_dim)
-        if batch.chunk_updates or batch.delete_chunk_ids:
-            chunks = pa.Table.from_pylist(batch.chunks + batch.chunk_updates, schema=schema)
+            writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions), 1)
+        if batch.chunks or batch.delete_chunk_ids:
+            chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim))
             dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
-            writes[CHUNKS] = partial(self._upsert, t[CHUNKS], "trajectory_id", chunks,
-                                     f"trajectory_id IN ({dropped})" if dropped else None)
-        elif batch.chunks:
-            writes[CHUNKS] = partial(t[CHUNKS].add, pa.Table.from_pylist(batch.chunks, schema=schema))
+
+            def write_chunks() -> None:
+                # The new chunks first: a reader between the two versions sees a dropped chunk
+                # a moment longer, never a trajectory missing.
+                if chunks.num_rows:
+                    t[CHUNKS].add(chunks)
+                if dropped:
+                    t[CHUNKS].delete(f"trajectory_id IN ({dropped})")
+
+            writes[CHUNKS] = (write_chunks, int(chunks.num_rows > 0) + int(bool(dropped)))
         return writes
 
-    @staticmethod
-    def _upsert(table: Any, key: str, rows: pa.Table, delete_where: str | None) -> Any:
-        """Insert or replace ``rows`` by ``key`` and delete rows matching ``delete_where``, as one
-        version (a reader never sees the deletion without the insertion)."""
-        builder = table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
-        if delete_where:
-            builder = builder.when_not_matched_by_source_delete(delete_where)
-        # LanceDB's merge path counts a null vector as a wrong-sized one; "null" keeps it null.
-        return builder.execute(rows, on_bad_vectors="null")
+    def update_embeddings(self, trajectory_ids: Iterable[str], embeddings: np.ndarray,
+                          encoder_version: str) -> int:
+        """Set the ``embedding`` and ``encoder_version`` of stored chunks (ids not stored are
+        skipped); one chunks version and one journal row. Returns the number of rows updated.
 
-    def compact(self, cleanup_older_than: timedelta | None = None) -> None:
-        """Rewrite the summaries to their current rows, merge small fragments (one per single
-        insert) and prune versions older than ``cleanup_older_than`` (LanceDB default: 7 days, so
-        rollback history is kept). One journal row records the result."""
+        It is a write: not while a ``TrajectoryMemory`` is inserting into the same store.
+        """
         if self.read_only:
             raise StoreError(f"memory store {self.uri}: opened read-only")
-        current = self.read_summaries()
-        if current.num_rows < self.count(SUMMARIES):
-            # One version: the current rows come back under this compaction's revision and every
-            # older row goes (an overwrite would let LanceDB re-infer the schema).
+        ids = [str(i) for i in trajectory_ids]
+        z = np.asarray(embeddings, dtype=np.float32)
+        if z.ndim != 2 or z.shape != (len(ids), self.embedding_dim) or not np.isfinite(z).all():
+            raise StoreError(f"memory store {self.uri}: embeddings must be finite "
+                             f"({len(ids)}, {self.embedding_dim}), got {z.shape}")
+        full = chunk_schema(self.embedding_dim)
+        schema = pa.schema([full.field(c) for c in ("trajectory_id", "embedding", "encoder_version")])
+        rows = pa.table({"trajectory_id": pa.array(ids, pa.string()),
+                         "embedding": pa.FixedSizeListArray.from_arrays(
+                             pa.array(z.ravel(), pa.float32()), self.embedding_dim),
+                         "encoder_version": pa.array([encoder_version] * len(ids), pa.string())},
+                        schema=schema)
+        before = self.snapshot()
+        try:
+            result = (self._tables[CHUNKS].merge_insert("trajectory_id")
+                      .when_matched_update_all().execute(rows))
+            self._log("embeddings")
+        except Exception as exc:  # noqa: BLE001
+            self.rollback(before)
+            raise StoreError(f"memory store {self.uri}: embeddings not written: {exc}") from exc
+        return int(getattr(result, "num_updated_rows", len(ids)))
+
+    def compact(self, cleanup_older_than: timedelta | None = None) -> None:
+        """Drop superseded summary revisions, merge small fragments (one per single insert),
+        index the chunk keys, and prune versions older than ``cleanup_older_than`` (LanceDB
+        default: 7 days, so rollback history is kept). One journal row records the result."""
+        if self.read_only:
+            raise StoreError(f"memory store {self.uri}: opened read-only")
+        summaries = self._tables[SUMMARIES]
+        newest = self._newest_revisions(self.read(SUMMARIES))
+        if newest.num_rows < summaries.count_rows():
+            # One version: the newest rows come back under this revision and all older go (an
+            # overwrite would let LanceDB re-infer the schema).
             seq = self._seq
-            current = current.set_column(current.schema.get_field_index("revision"), "revision",
-                                         pa.array(np.full(current.num_rows, seq), pa.int64()))
-            (self._tables[SUMMARIES].merge_insert(["group_id", "revision"])
-             .when_matched_update_all().when_not_matched_insert_all()
-             .when_not_matched_by_source_delete(f"revision < {seq}").execute(current))
-        for table in (*self._tables.values(), self._journal):
-            table.optimize(cleanup_older_than=cleanup_older_than)
+            newest = newest.set_column(newest.schema.get_field_index("revision"), "revision",
+                                       pa.array(np.full(newest.num_rows, seq), pa.int64()))
+            (summaries.merge_insert(["group_id", "revision"]).when_matched_update_all()
+             .when_not_matched_insert_all().when_not_matched_by_source_delete(f"revision < {seq}")
+             .execute(newest))
+        self._index_keys()
+        for name in (*TABLES, COMMITS):
+            self._tables[name].optimize(cleanup_older_than=cleanup_older_than)
         self._log("compact")
+
+    def _index_keys(self) -> None:
+        """BTREE indexes on the chunk keys (deletes and per-group reads without a full scan);
+        ``optimize`` then keeps them up to date."""
+        from lancedb.index import BTree
+
+        chunks = self._tables[CHUNKS]
+        have = {tuple(ix.columns) for ix in chunks.list_indices()}
+        for column in ("trajectory_id", "group_id"):
+            if (column,) not in have and chunks.count_rows():
+                chunks.create_index(column, config=BTree())
 
     def close(self) -> None:
         """Stop the writer threads (also done at interpreter exit)."""
@@ -456,43 +509,96 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: cannot read table {table!r} "
                              f"(version {self._tables[table].version}): {exc}") from exc
 
-    def get_chunk(self, trajectory_id: str) -> dict | None:
-        """One chunk as a dict, or None."""
-        rows = self.read(CHUNKS, where=f"trajectory_id = {sql_str(trajectory_id)}").to_pylist()
-        return rows[0] if rows else None
-
-    def get_chunks(self, trajectory_ids: Iterable[str]) -> list[dict]:
-        ids = list(trajectory_ids)
-        if not ids:
-            return []
-        where = "trajectory_id IN (" + ", ".join(sql_str(i) for i in ids) + ")"
-        return self.read(CHUNKS, where=where).to_pylist()
-
-    def read_summaries(self, columns: Iterable[str] | None = None,
-                       where: str | None = None) -> pa.Table:
-        """The current summary of each group (newest revision, tombstones dropped), by group_id."""
-        cols = None if columns is None else list(dict.fromkeys(
-            ["group_id", "revision", "fused_into", *columns]))
-        rows = self.read(SUMMARIES, cols, where)
+    @staticmethod
+    def _newest_revisions(rows: pa.Table) -> pa.Table:
+        """The newest row of each group_id (tombstones included)."""
         if rows.num_rows == 0:
-            return rows if columns is None else rows.select(list(columns))
-        order = pc.sort_indices(rows, [("group_id", "ascending"), ("revision", "descending")])
-        rows = rows.take(order)
+            return rows
+        rows = rows.take(pc.sort_indices(rows, [("group_id", "ascending"),
+                                                ("revision", "descending")]))
         gid = rows.column("group_id").to_numpy()
         first = np.ones(len(gid), dtype=bool)
         first[1:] = gid[1:] != gid[:-1]
-        rows = rows.filter(pa.array(first))
+        return rows.filter(pa.array(first))
+
+    def read_summaries(self, columns: Iterable[str] | None = None,
+                       where: str | None = None) -> pa.Table:
+        """The current summary of each group (newest revision, no tombstones), by group_id."""
+        cols = None if columns is None else list(dict.fromkeys(
+            ["group_id", "revision", "fused_into", *columns]))
+        rows = self._newest_revisions(self.read(SUMMARIES, cols, where))
         rows = rows.filter(pc.is_null(rows.column("fused_into")))
         return rows if columns is None else rows.select(list(columns))
+
+    def group_aliases(self) -> dict[int, GroupAlias]:
+        """Every fused group -> where it lives now (chains of fusions followed to the end)."""
+        rows = self._newest_revisions(self.read(
+            SUMMARIES, ["group_id", "revision", "fused_into", "fuse_transform", "node_map"]))
+        rows = rows.filter(pc.is_valid(rows.column("fused_into"))).to_pylist()
+        step = {int(r["group_id"]): r for r in rows}
+        aliases: dict[int, GroupAlias] = {}
+
+        def resolve(gid: int) -> GroupAlias:
+            if gid in aliases:
+                return aliases[gid]
+            row = step[gid]
+            into = int(row["fused_into"])
+            alias = GroupAlias(into, tuple(float(v) for v in row["fuse_transform"]),
+                               np.asarray(row["node_map"], dtype=np.int64))
+            if into in step:
+                outer = resolve(into)
+                alias = GroupAlias(outer.group_id, compose_se2(outer.transform, alias.transform),
+                                   outer.node_map[alias.node_map])
+            aliases[gid] = alias
+            return alias
+
+        for gid in step:
+            resolve(gid)
+        return aliases
+
+    def resolve_chunks(self, rows: pa.Table | list[dict],
+                       aliases: dict[int, GroupAlias] | None = None) -> list[dict]:
+        """Chunk rows with ``group_id``, ``summary_nodes`` and ``group_transform`` made current
+        (through fusions); rows of groups never fused are returned as they are."""
+        aliases = self.group_aliases() if aliases is None else aliases
+        out = rows.to_pylist() if isinstance(rows, pa.Table) else [dict(r) for r in rows]
+        for row in out:
+            alias = aliases.get(int(row["group_id"]))
+            if alias is None:
+                continue
+            row["group_id"] = alias.group_id
+            if row.get("summary_nodes") is not None:
+                row["summary_nodes"] = alias.node_map[np.asarray(row["summary_nodes"])].tolist()
+            if row.get("group_transform") is not None:
+                row["group_transform"] = list(compose_se2(alias.transform, row["group_transform"]))
+        return out
+
+    def resolve_groups(self, group_ids: Iterable[int],
+                       aliases: dict[int, GroupAlias] | None = None) -> list[int]:
+        """Current group of each stored chunk ``group_id``."""
+        aliases = self.group_aliases() if aliases is None else aliases
+        return [aliases[g].group_id if g in aliases else int(g) for g in group_ids]
+
+    def get_chunk(self, trajectory_id: str) -> dict | None:
+        """One chunk as a dict (group fields made current), or None."""
+        rows = self.read(CHUNKS, where=f"trajectory_id = {sql_str(trajectory_id)}")
+        return self.resolve_chunks(rows)[0] if rows.num_rows else None
+
+    def get_group_chunks(self, group_id: int) -> list[dict]:
+        """The chunks of a current group, including those of groups fused into it."""
+        aliases = self.group_aliases()
+        ids = [int(group_id)] + [g for g, a in aliases.items() if a.group_id == int(group_id)]
+        rows = self.read(CHUNKS, where="group_id IN (" + ", ".join(map(str, ids)) + ")")
+        return self.resolve_chunks(rows, aliases)
 
     def get_summary(self, group_id: int) -> dict | None:
         rows = self.read_summaries(where=f"group_id = {int(group_id)}").to_pylist()
         return rows[0] if rows else None
 
     def list_groups(self) -> list[dict]:
-        """Every group: group_id, n_nodes, n_members, scene_hints, goals (sorted by group_id)."""
-        cols = ["group_id", "n_nodes", "n_members", "scene_hints", "goals"]
-        return self.read_summaries(cols).to_pylist()
+        """Every current group: group_id, n_nodes, n_members, scene_hints, goals (by group_id)."""
+        return self.read_summaries(["group_id", "n_nodes", "n_members", "scene_hints",
+                                    "goals"]).to_pylist()
 
     def count_groups(self) -> int:
         return self.read_summaries(["group_id"]).num_rows
@@ -512,8 +618,4 @@ class MemoryStore:
 
     def table(self, name: str) -> Any:
         """The underlying LanceDB table (for callers that need its full API)."""
-        return self._journal if name == COMMITS else self._tables[name]
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
+        return self._tables[name]
