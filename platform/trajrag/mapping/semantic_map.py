@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage as ndi
 
-from trajrag.world.frames import Pose2D, cell_to_xy, xy_to_cell  # noqa: F401 - re-exported
+from trajrag.world.frames import GridGeometry, Pose2D
 from trajrag.world.interface import CameraIntrinsics
 
 
@@ -97,7 +97,7 @@ def validate_config(cfg: MappingConfig) -> None:
             raise ValueError(f"mapping.{key} must be >= 0, got {getattr(cfg, key)}")
 
 
-# -- grid helpers (cell <-> metres: world.frames.xy_to_cell / cell_to_xy) ----------------------------
+# -- grid helpers (cell <-> metres: world.frames.GridGeometry) ---------------------------------------
 # Radii in cells come from metres / cell size (0.1 / 0.05 = 2.0000000000000004): compare with slack.
 _RADIUS_SLACK = 1e-9
 
@@ -148,7 +148,7 @@ def _widen(mask: np.ndarray, halves: list[int]) -> dict[int, np.ndarray]:
 
 
 @dataclass
-class SemanticMap:
+class SemanticMap(GridGeometry):
     """``M_t``: obstacle / explored (bool H x W) and object channels (bool N_o x H x W).
 
     ``origin`` is the map-frame ``(x, y)`` in metres of the corner of cell ``(0, 0)``;
@@ -191,19 +191,6 @@ class SemanticMap:
     def free(self) -> np.ndarray:
         """Bool (H, W): explored cells without an obstacle (``m_t^free`` in the paper)."""
         return self.explored & ~self.obstacle
-
-    def to_cell(self, xy: np.ndarray) -> np.ndarray:
-        """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
-        return xy_to_cell(xy, self.origin, self.cell_size)
-
-    def to_xy(self, cell: np.ndarray) -> np.ndarray:
-        """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
-        return cell_to_xy(cell, self.origin, self.cell_size)
-
-    def in_bounds(self, cell: np.ndarray) -> np.ndarray:
-        cell = np.asarray(cell)
-        h, w = self.shape
-        return (cell[..., 0] >= 0) & (cell[..., 0] < h) & (cell[..., 1] >= 0) & (cell[..., 1] < w)
 
     def object_channel(self, name: str) -> np.ndarray:
         """Bool (H, W) channel of category ``name``; ``KeyError`` listing the map's categories."""

@@ -59,6 +59,25 @@ def cell_to_xy(cell: np.ndarray, origin: tuple[float, float], cell_size: float) 
     return np.stack([x, y], axis=-1)
 
 
+class GridGeometry:
+    """Cell <-> metre conversions for a grid with ``origin`` (map-frame metres of the corner of
+    cell (0, 0)), ``cell_size`` (metres) and ``shape`` (rows, cols): shared by scenes and maps."""
+
+    def to_cell(self, xy: np.ndarray) -> np.ndarray:
+        """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
+        return xy_to_cell(xy, self.origin, self.cell_size)
+
+    def to_xy(self, cell: np.ndarray) -> np.ndarray:
+        """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
+        return cell_to_xy(cell, self.origin, self.cell_size)
+
+    def in_bounds(self, cell: np.ndarray) -> np.ndarray:
+        """Bool (...): whether each ``(row, col)`` cell lies on the grid."""
+        cell = np.asarray(cell)
+        h, w = self.shape
+        return (cell[..., 0] >= 0) & (cell[..., 0] < h) & (cell[..., 1] >= 0) & (cell[..., 1] < w)
+
+
 def wrap_angle(angle: float) -> float:
     """Wrap an angle in radians to [-pi, pi)."""
     return (angle + math.pi) % (2.0 * math.pi) - math.pi

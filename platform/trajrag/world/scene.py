@@ -6,14 +6,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trajrag.world.frames import Pose2D, cell_to_xy, xy_to_cell
+from trajrag.world.frames import GridGeometry, Pose2D
 
 NO_INSTANCE = 0
 NO_CATEGORY = -1
 
 
 @dataclass
-class Scene:
+class Scene(GridGeometry):
     """A top-down scene on a regular grid of square cells.
 
     Attributes:
@@ -74,19 +74,6 @@ class Scene:
         return [self.categories[i] for i in ids if i >= 0]
 
     # -- geometry ---------------------------------------------------------------------------
-    def to_cell(self, xy: np.ndarray) -> np.ndarray:
-        """Map-frame ``(..., 2)`` metres -> integer ``(..., 2)`` cells ``(row, col)``."""
-        return xy_to_cell(xy, self.origin, self.cell_size)
-
-    def to_xy(self, cell: np.ndarray) -> np.ndarray:
-        """Integer ``(..., 2)`` cells ``(row, col)`` -> map-frame ``(..., 2)`` metres of cell centres."""
-        return cell_to_xy(cell, self.origin, self.cell_size)
-
-    def in_bounds(self, cell: np.ndarray) -> np.ndarray:
-        cell = np.asarray(cell)
-        h, w = self.shape
-        return (cell[..., 0] >= 0) & (cell[..., 0] < h) & (cell[..., 1] >= 0) & (cell[..., 1] < w)
-
     def is_traversable(self, xy: np.ndarray) -> bool:
         """Whether the agent's centre may stand at map-frame ``xy`` (metres)."""
         cell = self.to_cell(xy)
