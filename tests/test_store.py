@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -323,3 +324,21 @@ def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):
     assert row["encoder_version"] == "enc-1" and memory.store.get_chunk(ids[2])["embedding"] is None
     assert _memory(tmp_path, cfg).n_chunks == 3  # the journal knows the update: nothing undone
     assert memory.store.get_chunk(ids[1])["embedding"] is not None
+
+
+def test_compaction_prunes_history_to_the_versions_kept(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    for traj in _trajs(homes, 12, 18, "h"):
+        memory.insert(traj)  # one commit each: a dozen versions per table
+        time.sleep(0.06)  # commits further apart than the pruning margin (50 ms)
+    before = {name: len(memory.store.table(name).list_versions()) for name in (CHUNKS, DECISIONS)}
+    memory.store.compact(keep_versions=3)
+    for name in (CHUNKS, DECISIONS):
+        # 3 kept, a couple more inside the pruning margin, and the compaction's own versions.
+        assert len(memory.store.table(name).list_versions()) <= before[name] - 5
+    reopened = _memory(tmp_path, cfg)  # the journal's snapshot survived the pruning
+    assert reopened.n_chunks == memory.n_chunks
+    versions = reopened.versions()
+    reopened.insert_many(_trajs(homes, 3, 19, "after"))
+    reopened.rollback(versions)
+    assert reopened.n_chunks == memory.n_chunks

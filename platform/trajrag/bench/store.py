@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> dict:
             if verbose:
                 print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, "
                       f"p50 {out[f'insert_ms_p50_{name}']} ms", flush=True)
-        memory.store.compact()
+        memory.store.compact(cfg.keep_versions)
         stats = corpus_stats(memory.store)
         out.update({"bytes_per_chunk": round(stats["bytes_per_chunk"], 1),
                     "summary_bytes_per_chunk": round(stats["summary_bytes_per_chunk"], 1),

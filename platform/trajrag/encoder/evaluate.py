@@ -142,7 +142,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
         "trained": embed(encoder.model, seqs, goals, batch),
         "text": encoder.node_encoder.encode_texts([_description(r, names) for r in held],
                                                   max_length=cfg.node.text_max_length),
-        "untrained": embed(untrained_model(encoder.meta), seqs, goals, batch),
+        "untrained": embed(untrained_model(encoder.meta, encoder.model), seqs, goals, batch),
     }
     result: dict = {}
     queries = 0

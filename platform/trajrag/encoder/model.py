@@ -36,13 +36,26 @@ FORMAT = "trajrag-trajectory-encoder/1"
 def _gpt2_config(cfg: ModelConfig):
     from transformers import GPT2Config
 
-    return GPT2Config(vocab_size=1, n_positions=cfg.max_nodes, n_embd=cfg.n_embd,
+    # One position more than nodes: the end token.
+    return GPT2Config(vocab_size=1, n_positions=cfg.max_nodes + 1, n_embd=cfg.n_embd,
                       n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
                       embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout)
 
 
 class TrajectoryModel(nn.Module):
-    """z = normalise(W_out h'_L concat h_g) with [h'_1 .. h'_L] = GPT2(W_in [h_1 .. h_L]).
+    """z = normalise(W_out h'_end concat h_g) with [h'_1 .. h'_L, h'_end] = GPT2([W_in s(h_1) ..
+    W_in s(h_L), e]).
+
+    * s(h) = (h - mean) / scale standardises the frozen node embeddings with statistics of the
+      training nodes (``set_input_norm``; buffers saved with the weights). Sentence-encoder
+      embeddings share a large common direction (MiniLM node texts: mean cosine ~0.6), which
+      otherwise drowns the differences between nodes after the input projection (the remedy of
+      BERT-whitening, Su et al. 2021, diagonal form).
+    * e is a learned end-of-trajectory token appended after the last node; its final hidden
+      state is the paper's "final token representation" h'_L. It has no node content of its
+      own, so it summarises the whole sequence through causal attention (the last-token pooling
+      of decoder-only embedding models, e.g. SGPT); read at the last node instead, the
+      representation starts out as that one node's.
 
     ``node_dim``: width of h_k and h_g. ``gpt2_config``: a ``GPT2Config`` dict to rebuild a saved
     model (else ``cfg`` or ``cfg.init_from`` decides the architecture).
@@ -62,22 +75,48 @@ class TrajectoryModel(nn.Module):
         gpt.wte.weight.requires_grad_(False)
         self.gpt = gpt
         self.node_dim = int(node_dim)
-        self.max_nodes = int(gpt.config.n_positions)
-        self.inp = nn.Linear(self.node_dim, gpt.config.n_embd)
-        self.out = nn.Linear(gpt.config.n_embd, cfg.out_dim)
+        self.max_nodes = min(cfg.max_nodes, int(gpt.config.n_positions) - 1)
+        width = gpt.config.n_embd
+        self.register_buffer("node_mean", torch.zeros(self.node_dim))
+        self.register_buffer("node_scale", torch.ones(self.node_dim))
+        self.inp = nn.Linear(self.node_dim, width)
+        self.end = nn.Parameter(torch.randn(width) * gpt.config.initializer_range)
+        self.out = nn.Linear(width, cfg.out_dim)
 
     @property
     def z_dim(self) -> int:
         return self.out.out_features + self.node_dim
 
+    def set_input_norm(self, mean: np.ndarray, scale: np.ndarray) -> None:
+        """Standardise node embeddings with this per-dimension mean and scale (node_dim each)."""
+        self.node_mean.copy_(torch.as_tensor(np.asarray(mean, np.float32)))
+        self.node_scale.copy_(torch.as_tensor(np.asarray(scale, np.float32)))
+
     def forward(self, nodes: torch.Tensor, mask: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
         """nodes: (B, L, node_dim) right-padded; mask: (B, L) bool, True on real nodes (each row
         has at least one); goal: (B, node_dim). Returns z: (B, z_dim), unit rows."""
-        hidden = self.gpt(inputs_embeds=self.inp(nodes), attention_mask=mask.long()).last_hidden_state
-        last = mask.long().sum(dim=1) - 1
-        h_last = hidden[torch.arange(len(hidden), device=hidden.device), last]
-        z = torch.cat([self.out(h_last), goal.to(h_last.dtype)], dim=-1)
+        x = self.inp((nodes - self.node_mean) / self.node_scale)
+        b = len(x)
+        rows = torch.arange(b, device=x.device)
+        lengths = mask.long().sum(dim=1)
+        x = torch.cat([x, x.new_zeros(b, 1, x.shape[-1])], dim=1)
+        x[rows, lengths] = self.end.to(x.dtype)
+        full = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)
+        full[rows, lengths] = True
+        hidden = self.gpt(inputs_embeds=x, attention_mask=full.long()).last_hidden_state
+        h_end = hidden[rows, lengths]
+        z = torch.cat([self.out(h_end), goal.to(h_end.dtype)], dim=-1)
         return nn.functional.normalize(z, dim=-1)
+
+
+def input_norm(node_emb: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and standard deviation of node embeddings (rows weighted by how often
+    each occurs; a floor keeps constant dimensions finite)."""
+    x = np.asarray(node_emb, dtype=np.float64)
+    w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=np.float64)
+    mean = (x * w[:, None]).sum(0) / w.sum()
+    std = np.sqrt(((x - mean) ** 2 * w[:, None]).sum(0) / w.sum())
+    return mean.astype(np.float32), np.maximum(std, np.finfo(np.float32).eps).astype(np.float32)
 
 
 def _pretrained_gpt2(path: str):
@@ -94,17 +133,23 @@ def _pretrained_gpt2(path: str):
         raise EncoderError(f"encoder.model.init_from {folder} cannot be loaded: {exc}") from exc
 
 
-def build_model(cfg: ModelConfig, node_dim: int, seed: int) -> TrajectoryModel:
+def build_model(cfg: ModelConfig, node_dim: int, seed: int,
+                norm: tuple[np.ndarray, np.ndarray] | None = None) -> TrajectoryModel:
     """A freshly initialised model; the same ``seed`` gives the same weights (the untrained
-    baseline is exactly the training run's starting point)."""
+    baseline is exactly the training run's starting point). ``norm``: (mean, scale) of the
+    training nodes (``input_norm``)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return TrajectoryModel(cfg, node_dim)
+        model = TrajectoryModel(cfg, node_dim)
+    if norm is not None:
+        model.set_input_norm(*norm)
+    return model
 
 
-def untrained_model(meta: Mapping[str, Any]) -> TrajectoryModel:
+def untrained_model(meta: Mapping[str, Any], trained: TrajectoryModel | None = None) -> TrajectoryModel:
     """The architecture of a saved model with the initial weights of its training run (same
-    seed): the "untrained encoder" baseline."""
+    seed): the "untrained encoder" baseline. The input standardisation is data, not training:
+    it is copied from ``trained`` when given."""
     cfg = config_mod.from_dict(ModelConfig, meta["model"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(meta["seed"]))
@@ -113,6 +158,9 @@ def untrained_model(meta: Mapping[str, Any]) -> TrajectoryModel:
         else:
             model = TrajectoryModel(cfg, int(meta["node_encoder"]["dim"]),
                                     gpt2_config=meta["gpt2_config"])
+    if trained is not None:
+        source = unwrap(trained)
+        model.set_input_norm(source.node_mean.cpu().numpy(), source.node_scale.cpu().numpy())
     return model.eval()
 
 

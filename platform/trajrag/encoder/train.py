@@ -87,30 +87,34 @@ def gather(t, rank: int, world: int, keep_grad: bool):
 
 
 def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1):
-    """Symmetric InfoNCE (Eq. 7) of local pairs (za[i], zp[i]) against all workers' pairs.
+    """Symmetric InfoNCE (Eq. 7) over the pairs (za[i], zp[i]) of all workers.
 
-    za, zp: (B, Z) unit rows (a dot product is the cosine similarity); ga, gp: (B,) group ids.
-    The candidates of anchor i are every worker's positives (and of positive i every anchor);
-    candidates of anchor i's or positive i's group other than its own partner are masked out,
-    so the negatives all come from other groups (paper: "negatives are randomly drawn from
-    different groups"). Equal B on every worker is required.
+    za, zp: (B, Z) unit rows of this worker (a dot product is the cosine similarity); ga, gp:
+    (B,) their group ids. Every worker gathers all workers' pairs and computes the same loss over
+    all of them (each anchor against every positive, each positive against every anchor), with
+    the gradient flowing through its own rows only: summed over workers that is the exact
+    full-batch gradient (the scheme of OpenCLIP's gathered loss). A loss over the local anchors
+    alone is not: it drops the terms that push this worker's rows away from the other workers'
+    anchors, and with DistributedDataParallel that stalls training at chance. Candidates of a
+    row's anchor or positive group other than its own partner are masked out, so negatives all
+    come from other groups (paper: "negatives are randomly drawn from different groups"). Equal
+    B on every worker is required.
     """
     import torch
     import torch.nn.functional as F
 
     Za, Zp = gather(za, rank, world, True), gather(zp, rank, world, True)
     Ga, Gp = gather(ga, rank, world, False), gather(gp, rank, world, False)
-    b = len(za)
-    target = torch.arange(b, device=za.device) + rank * b
-    own = torch.zeros(b, len(Za), dtype=torch.bool, device=za.device)
-    own[torch.arange(b, device=za.device), target] = True
+    n = len(Za)
+    target = torch.arange(n, device=za.device)
+    own = torch.eye(n, dtype=torch.bool, device=za.device)
 
     def masked(logits, groups):
-        same = (groups[None, :] == ga[:, None]) | (groups[None, :] == gp[:, None])
+        same = (groups[None, :] == Ga[:, None]) | (groups[None, :] == Gp[:, None])
         return logits.masked_fill(same & ~own, float("-inf"))
 
-    loss_a = F.cross_entropy(masked(za @ Zp.T / tau, Gp), target)
-    loss_p = F.cross_entropy(masked(zp @ Za.T / tau, Ga), target)
+    loss_a = F.cross_entropy(masked(Za @ Zp.T / tau, Gp), target)
+    loss_p = F.cross_entropy(masked(Zp @ Za.T / tau, Ga), target)
     return 0.5 * (loss_a + loss_p)
 
 
@@ -217,7 +221,8 @@ def train_loop_per_worker(config: dict) -> dict:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    model = ray.train.torch.prepare_model(build_model(cfg.model, data.dim, cfg.train.seed))
+    norm = tuple(np.asarray(v, np.float32) for v in config["input_norm"])
+    model = ray.train.torch.prepare_model(build_model(cfg.model, data.dim, cfg.train.seed, norm))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                             lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     state: dict = {"epoch": -1, "history": [], "resumes": []}
@@ -302,10 +307,15 @@ def run_trainer(data: EncodedSet | Any, cfg: EncoderConfig, storage: str, run_na
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from trajrag.encoder.model import input_norm
+
     if workers < 1:
         raise EncoderError(f"encoder training needs at least 1 worker, got {workers}")
+    local = ray.get(data) if isinstance(data, ray.ObjectRef) else data
+    norm = input_norm(local.node_emb, np.bincount(local.node_idx, minlength=len(local.node_emb)))
     loop_config = {"cfg": config_mod.to_dict(cfg), "run_name": run_name, "wandb_dir": wandb_dir,
                    "data": data if isinstance(data, ray.ObjectRef) else ray.put(data),
+                   "input_norm": [v.tolist() for v in norm],
                    "fault": dict(fault) if fault else None}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=loop_config,

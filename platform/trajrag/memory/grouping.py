@@ -92,6 +92,7 @@ class MemoryConfig:
     embedding_dim: int
     batch_size: int
     compact_every: int
+    keep_versions: int
     seed: int
 
     def ivf_params(self) -> IVFParams:
@@ -614,7 +615,7 @@ class TrajectoryMemory:
         self._reset_pending()
         self._commits += 1
         if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
-            self.store.compact()
+            self.store.compact(self.cfg.keep_versions)
 
     def _summary_row(self, s: Summary) -> dict:
         edges = np.asarray(sorted(s.edges), dtype=np.int32).reshape(-1, 2)

@@ -44,7 +44,9 @@ tables are restored to the previous snapshot at once; if the process died part-w
 writer to open the store finds the tables out of step with the journal and restores them
 (``recover``). A re-insert after a crash therefore sees the whole batch or none of it and never
 duplicates a chunk. Readers that need one consistent view across tables (or exactly the rows of
-whole batches) ``checkout(snapshot())``; plain reads see each table's newest version.
+whole batches) ``checkout(snapshot())``; plain reads see each table's newest version. History is
+pruned at compaction to the newest ``keep_versions`` versions: a reader pinned to an older one
+takes a new snapshot.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ TABLES = (VOCAB, SUMMARIES, DECISIONS, CHUNKS)  # the data tables
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 ACTIONS = ("new", "merge", "fuse", "redundant", "rejected", "duplicate")
+# Slack when pruning history by age (see MemoryStore._history_age).
+_PRUNE_MARGIN = timedelta(milliseconds=50)
 # Journal rows read to find the snapshot: more than the rows one failed commit can leave.
 _JOURNAL_TAIL = 16
 
@@ -453,10 +457,16 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: embeddings not written: {exc}") from exc
         return int(getattr(result, "num_updated_rows", len(ids)))
 
-    def compact(self, cleanup_older_than: timedelta | None = None) -> None:
+    def compact(self, keep_versions: int | None = None) -> None:
         """Drop superseded summary revisions, merge small fragments (one per single insert),
-        index the chunk keys, and prune versions older than ``cleanup_older_than`` (LanceDB
-        default: 7 days, so rollback history is kept). One journal row records the result."""
+        index the chunk keys, and prune each table's history to its ``keep_versions`` newest
+        versions (None: LanceDB's default, versions younger than 7 days). One journal row
+        records the result.
+
+        Pruning matters for speed, not only space: finding a table's newest version lists its
+        version files, so every commit slows down as history grows (an append takes ~3 ms at
+        100 versions, ~8-15 ms at 4000). Rollback reaches back ``keep_versions`` commits.
+        """
         if self.read_only:
             raise StoreError(f"memory store {self.uri}: opened read-only")
         summaries = self._tables[SUMMARIES]
@@ -472,8 +482,23 @@ class MemoryStore:
              .execute(newest))
         self._index_keys()
         for name in (*TABLES, COMMITS):
-            self._tables[name].optimize(cleanup_older_than=cleanup_older_than)
+            table = self._tables[name]
+            table.optimize(cleanup_older_than=self._history_age(table, keep_versions))
         self._log("compact")
+
+    @staticmethod
+    def _history_age(table: Any, keep_versions: int | None) -> timedelta | None:
+        """The age that keeps a table's ``keep_versions`` newest versions (plus a margin)."""
+        if keep_versions is None:
+            return None
+        stamps = sorted((v["timestamp"] for v in table.list_versions()), reverse=True)
+        if len(stamps) <= keep_versions:
+            return None
+        oldest_kept = stamps[keep_versions - 1]
+        now = datetime.now(oldest_kept.tzinfo)
+        # LanceDB measures the age from its own "now", a moment later: the margin keeps a
+        # version or two more rather than lose the oldest wanted one.
+        return max(now - oldest_kept, timedelta(0)) + _PRUNE_MARGIN
 
     def _index_keys(self) -> None:
         """BTREE indexes on the chunk keys (deletes and per-group reads without a full scan);
