@@ -95,7 +95,7 @@ def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1):
     the gradient flowing through its own rows only: summed over workers that is the exact
     full-batch gradient (the scheme of OpenCLIP's gathered loss). A loss over the local anchors
     alone is not: it drops the terms that push this worker's rows away from the other workers'
-    anchors, and with DistributedDataParallel that stalls training at chance. Candidates of a
+    anchors (with 2 DistributedDataParallel workers it stayed at chance here). Candidates of a
     row's anchor or positive group other than its own partner are masked out, so negatives all
     come from other groups (paper: "negatives are randomly drawn from different groups"). Equal
     B on every worker is required.
@@ -265,8 +265,12 @@ def ensure_ray(address: str = "") -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
-             configure_logging=True, logging_level="warning")
+    quiet = {"log_to_driver": False, "logging_level": "warning"}
+    if address or os.environ.get("RAY_ADDRESS"):
+        # Joining a cluster: local-instance options such as include_dashboard are not allowed.
+        ray.init(address=address or None, **quiet)
+    else:
+        ray.init(include_dashboard=False, **quiet)
     return True
 
 
