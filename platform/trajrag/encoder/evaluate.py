@@ -68,14 +68,11 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
     """Set ``embedding`` and ``encoder_version`` of the chunks ``ids`` (rows of ``z``),
     ``batch_size`` chunks per LanceDB version; returns the chunks updated.
 
-    ``store``: a ``MemoryStore`` opened for writing, or its URI. Only the two columns are sent
-    (a partial-column ``merge_insert`` on ``trajectory_id``; ids no longer stored are skipped), and
-    each batch is recorded in the store's journal, so a writer opening the store later does not
-    take the new version for a half-written batch and roll it back.
+    ``store``: a ``MemoryStore`` opened for writing, or its URI. Each batch is one
+    ``MemoryStore.update_embeddings`` call (ids no longer stored are skipped; the store journals
+    the update so a later writer does not roll it back).
     """
-    import pyarrow as pa
-
-    from trajrag.memory.store import CHUNKS, MemoryStore, chunk_schema
+    from trajrag.memory.store import MemoryStore, StoreError
 
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
@@ -86,29 +83,13 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
                            "set encoder.model.out_dim so that out_dim + the node encoder width match")
     if len(ids) != len(z):
         raise EncoderError(f"{len(ids)} chunk ids for {len(z)} embeddings")
-    full = chunk_schema(store.embedding_dim)
-    schema = pa.schema([full.field("trajectory_id"), full.field("embedding"),
-                        full.field("encoder_version")])
-    # The store has no public column update yet: its LanceDB table plus its journal (see report).
-    journal = getattr(store, "_log", None)
-    if journal is None:
-        raise EncoderError(f"memory store {store.uri}: this MemoryStore version has no journal "
-                           "hook to record an embedding update")
-    table = store.table(CHUNKS)
     updated = 0
     for start in range(0, len(ids), batch_size):
         part = slice(start, start + batch_size)
-        rows = pa.table({"trajectory_id": pa.array(list(ids[part]), pa.string()),
-                         "embedding": pa.FixedSizeListArray.from_arrays(
-                             pa.array(z[part].ravel(), pa.float32()), store.embedding_dim),
-                         "encoder_version": pa.array([version] * len(z[part]), pa.string())},
-                        schema=schema)
         try:
-            result = table.merge_insert("trajectory_id").when_matched_update_all().execute(rows)
-        except Exception as exc:  # noqa: BLE001 - LanceDB errors become one clear line
+            updated += store.update_embeddings(ids[part], z[part], version)
+        except StoreError as exc:
             raise EncoderError(f"memory store {store.uri}: writing embeddings failed: {exc}") from exc
-        journal("embeddings")
-        updated += int(getattr(result, "num_updated_rows", len(rows)))
     return updated
 
 
