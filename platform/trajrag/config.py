@@ -40,6 +40,12 @@ SECTIONS: dict[str, str] = {
     "encoder": "trajrag.encoder:EncoderConfig",
     "corpus_job": "trajrag.distributed.corpus:CorpusJobConfig",
     "pipeline_bench": "trajrag.bench.pipeline:PipelineBenchConfig",
+    "scale_bench": "trajrag.bench.scale:ScaleBenchConfig",
+    "llm": "trajrag.planners.llm:LLMConfig",
+    "retrieval": "trajrag.retrieval.retriever:RetrievalConfig",
+    "scoring": "trajrag.planners.scoring:ScoringConfig",
+    "eval": "trajrag.cli.eval:EvalConfig",
+    "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
 }
 
 

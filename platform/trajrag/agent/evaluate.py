@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
@@ -19,7 +20,8 @@ from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.metrics import EpisodeMetrics, summarize
 from trajrag.world.scene import Scene
 
-TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions")
+TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions", "planner_calls",
+                 "fallbacks", "retrieval_ms_p50")
 
 
 @dataclass
@@ -48,10 +50,13 @@ class AgentRun:
 
 
 def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: Sequence[ObjectNavEpisode],
-                   scenes: Sequence[Scene], out_dir: Path, episode_cfg, progress: bool = True) -> dict:
+                   scenes: Sequence[Scene], out_dir: Path, episode_cfg, progress: bool = True,
+                   on_episode: Callable[[dict, object], None] | None = None) -> dict:
     """Run one agent on every episode not yet in ``out_dir/name/episodes.jsonl`` and summarise all.
 
-    Returns ``summarize`` of the metrics (``episodes``, ``sr``, ``spl``, ``dtg_m``, ...).
+    ``on_episode(record, agent)`` runs after each episode is written (lifelong memory inserts).
+    Returns ``summarize`` of the metrics (``episodes``, ``sr``, ``spl``, ``dtg_m``, ...) plus the
+    planner's counters (``planner_calls``, ``fallbacks``, ``retrieval_ms_p50``).
     """
     run = AgentRun(name, Path(out_dir) / name)
     run.directory.mkdir(parents=True, exist_ok=True)
@@ -66,9 +71,11 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             done[(record["scene_key"], record["episode_id"])] = record
-    wanted = {(e.scene_key, str(e.episode_id)) for e in episodes}
-    metrics = [_metrics(done[key]["metrics"]) for key in sorted(wanted)]
-    summary = summarize(metrics)
+            if on_episode is not None:
+                on_episode(record, agent)
+    wanted = sorted({(e.scene_key, str(e.episode_id)) for e in episodes})
+    summary = summarize([_metrics(done[key]["metrics"]) for key in wanted])
+    summary.update(planner_counters([done[key] for key in wanted]))
     (run.directory / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     return summary
 
@@ -85,10 +92,23 @@ def _record(result: EpisodeResult, agent) -> dict:
         record["description"] = describe(topo)
         if hasattr(agent, "stats"):
             record["agent_stats"] = {k: v for k, v in vars(agent.stats).items() if not isinstance(v, list)}
+        episode_stats = getattr(getattr(agent, "planner", None), "episode_stats", None)
+        if episode_stats is not None:  # retrieval timings, LLM fallbacks
+            record["planner_stats"] = episode_stats()
     metrics = record["metrics"]
     if not math.isfinite(metrics["distance_to_goal"]):
         metrics["distance_to_goal"] = None  # JSON has no inf; read back as unreachable
     return record
+
+
+def planner_counters(records: Sequence[dict]) -> dict:
+    """``planner_calls`` and ``fallbacks`` (sums over episodes) and ``retrieval_ms_p50`` (median
+    over every decision; None for planners that do not retrieve)."""
+    calls = sum(int(r.get("agent_stats", {}).get("planner_calls", 0)) for r in records)
+    fallbacks = sum(int(r.get("planner_stats", {}).get("fallbacks", 0)) for r in records)
+    timings = [t for r in records for t in r.get("planner_stats", {}).get("retrieval_ms", [])]
+    return {"planner_calls": calls, "fallbacks": fallbacks,
+            "retrieval_ms_p50": float(np.median(timings)) if timings else None}
 
 
 def _metrics(stored: dict) -> EpisodeMetrics:

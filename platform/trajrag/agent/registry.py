@@ -14,6 +14,8 @@ AGENTS: dict[str, str] = {
     "oracle": "trajrag.agent.registry:make_oracle",
     "frontier": "trajrag.agent.navigator:make_frontier_agent",
     "random": "trajrag.agent.navigator:make_random_agent",
+    "trajrag": "trajrag.planners.scoring:make_trajrag_agent",
+    "graphrag": "trajrag.planners.graphrag:make_graphrag_agent",
 }
 
 

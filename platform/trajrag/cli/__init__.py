@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "trajrag.cli.corpus",
     "trajrag.cli.bench",
     "trajrag.cli.encoder",
+    "trajrag.cli.eval",
 )
 
 

@@ -17,6 +17,8 @@ BENCHES: dict[str, str] = {
     "encoder": "trajrag.bench.encoder:run",
     # corpus_traj_per_s_1/_2 now; eval_* and serve_* keys come with the evaluation/Serve jobs
     "pipeline": "trajrag.bench.pipeline:run",
+    # LanceDB store of --chunks N chunks: size, fine-stage ANN latency and recall@10 (issue 7)
+    "scale": "trajrag.bench.scale:run",
 }
 
 
@@ -25,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
     parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests")
+    parser.add_argument("--chunks", type=int, default=None, metavar="N",
+                        help="corpus size for benches that take one (scale); default from its config")
     add_override_arg(parser)
     parser.set_defaults(func=_run)
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from trajrag.cli import add_override_arg
 
-SCENES_HELP = "a Gibson *_info.pbz2 file (or folder of them), or procedural:SPLIT:N (N homes of train/val/test)"
+SCENES_HELP = "a Gibson *_info.pbz2 file (or folder of them), or procedural:SPLIT:N (N homes of train/val/test; SPLIT:A-B for homes A..B-1)"
 EPISODES_HELP = "a habitat-layout folder of *_episodes.json.gz files, or generated:K[:SEED] (K episodes per scene)"
 
 

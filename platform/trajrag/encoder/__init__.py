@@ -34,6 +34,8 @@ class NodeEncoderConfig:
     max_length: tokens per node text (12 sector words). text_max_length: tokens per trajectory
         description (text baseline). batch_size: texts per forward pass.
     free_word, obstacle_word, unknown_word: the words for the non-object sector labels.
+    representation: what of a node the text keeps (paper Tab. 1; ``topo.representation``):
+        ``tps_gs`` (geometry + semantics), ``tps_s``, ``tps_g`` or ``tna``.
     """
 
     model_dir: str
@@ -44,6 +46,7 @@ class NodeEncoderConfig:
     free_word: str
     obstacle_word: str
     unknown_word: str
+    representation: str
 
 
 @dataclass

@@ -27,6 +27,7 @@ from torch import nn
 
 from trajrag import config as config_mod
 from trajrag.encoder import EncoderError, ModelConfig, NodeEncoderConfig
+from trajrag.topo.representation import TPS_GS
 
 WEIGHTS = "model.safetensors"
 META = "encoder.json"
@@ -341,7 +342,8 @@ class TrajectoryEncoder:
                 node_cfg or defaults.node, model_dir=info["model_dir"] if not info.get("package") else "",
                 package=info.get("package") or (node_cfg or defaults.node).package,
                 max_length=int(info["max_length"]), free_word=info["free_word"],
-                obstacle_word=info["obstacle_word"], unknown_word=info["unknown_word"])
+                obstacle_word=info["obstacle_word"], unknown_word=info["unknown_word"],
+                representation=info.get("representation", TPS_GS))
             cache = Path(model_dir) / "node_cache.safetensors"
             node_encoder = NodeEncoder(node_cfg, device=device, cache_path=cache)
         if node_encoder.version != info["version"]:

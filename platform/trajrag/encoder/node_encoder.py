@@ -24,6 +24,7 @@ import numpy as np
 
 from trajrag.encoder import EncoderError, NodeEncoderConfig
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.representation import TNA, represent
 
 _WEIGHTS = "model.safetensors"
 _CACHE_FORMAT = "trajrag-node-cache/1"
@@ -159,8 +160,11 @@ class NodeEncoder:
         return np.stack([self._cache[t] for t in texts])
 
     def node_text(self, labels: Iterable[int], names: Mapping[int, str]) -> str:
-        """A node's sector labels as words in sector order."""
-        return " ".join(label_word(c, names, self.cfg) for c in labels)
+        """A node's sector labels as words, in sector order except for the ``tna``
+        representation (``cfg.representation``)."""
+        labels = represent(np.asarray(list(labels))[None], self.cfg.representation)[0]
+        words = [label_word(c, names, self.cfg) for c in labels]
+        return " ".join(sorted(set(words)) if self.cfg.representation == TNA else words)
 
     def encode_nodes(self, sectors: np.ndarray, names: Mapping[int, str]) -> np.ndarray:
         """h_k for each row of int ``sectors`` (K, n_sectors) -> (K, dim) float32.
@@ -225,4 +229,5 @@ class NodeEncoder:
                 "package": cfg.package if packaged else "",
                 "version": self.version, "dim": self.dim,
                 "max_length": cfg.max_length, "free_word": cfg.free_word,
-                "obstacle_word": cfg.obstacle_word, "unknown_word": cfg.unknown_word}
+                "obstacle_word": cfg.obstacle_word, "unknown_word": cfg.unknown_word,
+                "representation": cfg.representation}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -572,8 +572,13 @@ class NodeIndex:
         so a node that looks like many others (a plain corridor) casts almost no vote while a
         distinctive one counts; a group takes its best vote from each query node.
         """
+        return rank_votes(self.node_votes(sectors, neighbours), n)
+
+    def node_votes(self, sectors: np.ndarray, neighbours: int) -> list[dict[int, float]]:
+        """Per query node, its vote for each group (see ``candidates``); callers that see the
+        same nodes again (a navigator re-deciding along one trajectory) can cache them."""
         if not self._rows or len(sectors) == 0:
-            return []
+            return [{} for _ in range(len(sectors))]
         query = node_descriptors(sectors, self.dim)
         rows = self._search_rows(query)
         if rows is None:
@@ -584,7 +589,7 @@ class NodeIndex:
             owner = self._owner[rows]
         total = sim.shape[1]
         if total == 0:
-            return []
+            return [{} for _ in range(len(sectors))]
         m = min(neighbours, total)
         if m < total:
             # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
@@ -597,14 +602,21 @@ class NodeIndex:
         else:
             top = np.broadcast_to(np.arange(total), sim.shape)
             weights = np.sqrt(np.maximum(sim, 0.0))
-        owners = owner[top]
-        scores: dict[int, float] = {}
-        for q_owners, q_weights in zip(owners.tolist(), weights.tolist()):
+        votes = []
+        for q_owners, q_weights in zip(owner[top].tolist(), weights.tolist()):
             best: dict[int, float] = {}
             for g, w in zip(q_owners, q_weights):
                 if g >= 0 and w > best.get(g, 0.0):
                     best[g] = w
-            for g, w in best.items():
-                scores[g] = scores.get(g, 0.0) + w
-        ranked = sorted(scores.items(), key=lambda gw: (-gw[1], gw[0]))
-        return [g for g, _ in ranked[:n]]
+            votes.append(best)
+        return votes
+
+
+def rank_votes(votes: Iterable[dict[int, float]], n: int) -> list[int]:
+    """The ``n`` groups with the largest summed node votes, best first (ties: lower id)."""
+    scores: dict[int, float] = {}
+    for best in votes:
+        for g, w in best.items():
+            scores[g] = scores.get(g, 0.0) + w
+    ranked = sorted(scores.items(), key=lambda gw: (-gw[1], gw[0]))
+    return [g for g, _ in ranked[:n]]

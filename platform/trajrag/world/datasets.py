@@ -3,7 +3,10 @@
 Scene specs (``load_scenes``):
 
 * ``path/to/<split>_info.pbz2``: Gibson semantic maps (``world/gibson.py``), or a folder of them;
-* ``procedural:SPLIT:N``: ``N`` procedural homes of split ``train``, ``val`` or ``test``.
+  ``...@held_out`` keeps only the scenes of ``gibson.held_out_scenes`` and ``...@rest`` every
+  other one (an evaluation on unseen homes with a corpus from the remaining ones);
+* ``procedural:SPLIT:N``: ``N`` procedural homes of split ``train``, ``val`` or ``test``;
+  ``procedural:SPLIT:A-B``: its homes ``A`` to ``B - 1``.
 
 Episode specs (``load_episodes``):
 
@@ -47,11 +50,38 @@ DATA_ERRORS = (DatasetError, EpisodeError, GibsonFormatError, CorruptFileError, 
 def load_scenes(spec: str, overrides: Sequence[str] = ()) -> list[Scene]:
     """Scenes named by ``spec`` (see the module doc); ``overrides`` go to their config section."""
     if spec.startswith(PROCEDURAL_PREFIX):
-        split, n = parse_procedural_spec(spec)
+        split, start, n = parse_procedural_range(spec)
         from trajrag.world.procedural import procedural_scenes  # lazy: only procedural specs need it
 
-        return list(procedural_scenes(split, n, config_mod.load("procedural", overrides)))
-    return _gibson_scenes(Path(spec).expanduser(), spec, overrides)
+        return list(procedural_scenes(split, n, config_mod.load("procedural", overrides), start=start))
+    path, _, selection = spec.partition("@")
+    scenes = _gibson_scenes(Path(path).expanduser(), spec, overrides)
+    return _select(scenes, selection, spec, overrides) if selection else scenes
+
+
+def _select(scenes: list[Scene], selection: str, spec: str, overrides: Sequence[str]) -> list[Scene]:
+    """The ``@held_out`` / ``@rest`` part of a Gibson spec (scene names as in the file, any floor)."""
+    held_out = set(load_config(overrides).held_out_scenes)
+    if selection not in ("held_out", "rest"):
+        raise DatasetError(f"scene spec {spec!r}: expected @held_out or @rest after the path, got @{selection}")
+    keep = [s for s in scenes if (s.name.split("/")[1] in held_out) == (selection == "held_out")]
+    if not keep:
+        raise DatasetError(f"scene spec {spec!r}: no scene left (gibson.held_out_scenes = {sorted(held_out)})")
+    return keep
+
+
+def parse_procedural_range(spec: str) -> tuple[str, int, int]:
+    """``procedural:SPLIT:N`` -> ``(SPLIT, 0, N)`` and ``procedural:SPLIT:A-B`` -> ``(SPLIT, A, B)``
+    (homes A .. B - 1: scenes of a split that a corpus of its first A homes never saw)."""
+    head, _, count = spec.rpartition(":")
+    first, dash, last = count.partition("-")
+    if dash and first.isascii() and first.isdigit():
+        split, stop = parse_procedural_spec(f"{head}:{last}")
+        if int(first) >= stop:
+            raise DatasetError(f"scene spec {spec!r}: empty range {count} (expected A-B with A < B)")
+        return split, int(first), stop
+    split, n = parse_procedural_spec(spec)
+    return split, 0, n
 
 
 def parse_procedural_spec(spec: str) -> tuple[str, int]:

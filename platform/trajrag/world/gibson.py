@@ -59,6 +59,7 @@ class GibsonConfig:
     channels: list[str]
     goal_categories: list[str]
     category_names: dict[str, str]
+    held_out_scenes: list[str]
 
 
 class GibsonFormatError(ValueError):

@@ -868,8 +868,8 @@ def split_seeds(split: str, n: int, cfg: ProceduralConfig) -> list[int]:
     return [start + i for i in range(n)]
 
 
-def procedural_scenes(split: str, n: int, cfg: ProceduralConfig) -> list[Scene]:
-    """The first ``n`` homes of ``split`` ("train", "val" or "test"), named
+def procedural_scenes(split: str, n: int, cfg: ProceduralConfig, start: int = 0) -> list[Scene]:
+    """Homes ``start .. n - 1`` of ``split`` ("train", "val" or "test"), named
     ``procedural/<split>/<i:04d>``; seeds ``split_offsets[split] + i`` keep splits disjoint."""
     return [generate_home(seed, cfg, name=f"procedural/{split}/{i:04d}")
-            for i, seed in enumerate(split_seeds(split, n, cfg))]
+            for i, seed in enumerate(split_seeds(split, n, cfg)) if i >= start]

@@ -1,0 +1,143 @@
+"""``trajrag eval``: ObjectNav evaluation of planners and retrieval variants over a memory store.
+
+Each (planner, variant) is one *run* labelled ``planner`` or ``planner-variant`` (or ``--label``):
+its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips finished
+episodes), its summary to ``<out>/<label>/summary.json``; ``<out>/results.md`` and ``results.csv``
+tabulate every run found in ``<out>``, so ablations run one by one build one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from trajrag.cli import UserError, add_override_arg
+from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
+
+RETRIEVING_PLANNERS = ("trajrag", "llm", "graphrag")
+
+
+@dataclass
+class EvalConfig:
+    """``configs/eval.yaml``: the named retrieval variants (override lists) of the paper's tables."""
+
+    variants: dict[str, list[str]]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "eval",
+        help="evaluate planners (trajrag, llm, graphrag, frontier, random, oracle) on ObjectNav episodes",
+        description="Runs each planner (and retrieval variant) on the episodes, writes per-episode JSONL "
+        "records (resumable), prints one JSON summary per run (episodes, sr, spl, dtg_m, planner_calls, "
+        "fallbacks, retrieval_ms_p50) and writes <out>/results.md and results.csv across every run in <out>. "
+        "Variants are named in configs/eval.yaml; node-representation ablations (TNA, TPS-G, TPS-S) use "
+        "an encoder trained with encoder.node.representation=... passed as --model.",
+    )
+    parser.add_argument("--scenes", required=True, help=SCENES_HELP)
+    parser.add_argument("--episodes", required=True, help=EPISODES_HELP)
+    parser.add_argument("--planner", required=True,
+                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, "
+                        "frontier, random, oracle")
+    parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
+                        "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
+    parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
+    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only)")
+    parser.add_argument("--lifelong", action="store_true",
+                        help="insert each finished episode into the store as it runs (writes to --store) "
+                        "and record SR/SPL against episodes seen in <out>/<label>/lifelong.csv")
+    parser.add_argument("--json", action="store_true", help="print the summary JSON only")
+    add_override_arg(parser)
+    parser.set_defaults(func=eval_command)
+
+
+def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[tuple[str, str, list[str]]]:
+    """(label, planner, overrides) for each requested run."""
+    from trajrag.agent.registry import AGENTS
+
+    planners = [p for p in args.planner.split(",") if p]
+    names = [v for v in args.variant.split(",") if v] or [""]
+    unknown = [p for p in planners if p not in AGENTS]
+    if unknown:
+        raise UserError(f"unknown planner(s) {unknown}; known: {sorted(AGENTS)}")
+    missing = [v for v in names if v and v not in variants]
+    if missing:
+        raise UserError(f"unknown variant(s) {missing}; known (configs/eval.yaml): {sorted(variants)}")
+    runs = []
+    for planner in planners:
+        for variant in (names if planner in RETRIEVING_PLANNERS else [""]):
+            label = args.label or (f"{planner}-{variant}" if variant else planner)
+            runs.append((label, planner, list(variants.get(variant, []))))
+    if args.label and len(runs) > 1:
+        raise UserError("--label names one run: give one planner and at most one variant")
+    return runs
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    from trajrag.memory.store import StoreError
+    from trajrag.retrieval.retriever import RetrievalError
+
+    try:
+        return _evaluate(args)
+    except (RetrievalError, StoreError) as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from trajrag import config
+    from trajrag.agent.evaluate import evaluate_agent, write_results_table
+    from trajrag.agent.registry import make_agent
+    from trajrag.world.datasets import load_episodes, load_scenes
+    from trajrag.world.sim import GridSimulator
+
+    cfg: EvalConfig = config.load("eval", args.overrides)
+    runs = _runs(args, cfg.variants)
+    paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
+            ([f"retrieval.model_dir={args.model}"] if args.model else [])
+    if any(p in RETRIEVING_PLANNERS for _, p, _ in runs) and not args.store:
+        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scenes = load_scenes(args.scenes, args.overrides)
+    episodes = load_episodes(args.episodes, scenes, args.overrides)
+    sim_cfg = config.load("sim", args.overrides)
+    episode_cfg = config.load("episodes", args.overrides)
+    sim = GridSimulator(sim_cfg)
+    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r[0] for r in runs]} -> {out}", file=sys.stderr)
+    summaries = {}
+    for label, planner, variant_overrides in runs:
+        overrides = [*paths, *variant_overrides, *args.overrides]
+        on_episode = _lifelong(label, planner, overrides, out) if args.lifelong else None
+        summary = evaluate_agent(label, lambda: make_agent(planner, sim_cfg, overrides), sim, episodes,
+                                 scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode)
+        summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
+    table = write_results_table(_all_runs(out), out)
+    if len(summaries) == 1:
+        print(json.dumps({"label": label, "out": str(out), **summaries[label]}, default=str))
+    else:
+        print(json.dumps({"out": str(out), "runs": summaries}, default=str))
+    if not args.json:
+        print(table, file=sys.stderr)
+    return 0
+
+
+def _lifelong(label: str, planner: str, overrides: list[str], out: Path):
+    from trajrag.planners.scoring import shared_retriever
+    from trajrag.retrieval.lifelong import LifelongMemory
+
+    if planner not in RETRIEVING_PLANNERS:
+        raise UserError(f"--lifelong needs a retrieving planner ({', '.join(RETRIEVING_PLANNERS)}), got {planner}")
+    return LifelongMemory(shared_retriever(overrides), label, out / label / "lifelong.csv", overrides)
+
+
+def _all_runs(out: Path) -> dict[str, dict]:
+    """Every run's summary.json under ``out`` (runs of earlier invocations included)."""
+    runs = {}
+    for path in sorted(out.glob("*/summary.json")):
+        runs[path.parent.name] = json.loads(path.read_text())
+    return runs

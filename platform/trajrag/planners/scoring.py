@@ -1,0 +1,162 @@
+"""The retrieval-scoring planner: TrajRAG without an LLM (the offline default).
+
+Each candidate path is scored by the experience retrieved for it (``retrieval.Retriever``):
+
+* **similarity**: the mean fine-stage cosine similarity of the retrieved chunks that reached
+  the same goal (others count 0): "trajectories like this one, walked towards this goal,
+  succeeded before";
+* **context**: how much the objects around the candidate's end (its last path node and the
+  frontier node) look like the objects around the ends of those trajectories, where the goal
+  was found (cosine of object-label histograms, the goal itself left out since an unseen goal
+  is what the agent looks for): "in past homes, the goal was next to what lies ahead here";
+* **cost**: the geodesic distance to the frontier, in metres (the nearest-frontier criterion),
+  plus the nearest-frontier planner's hysteresis so re-decisions do not dither.
+
+score = w_similarity * similarity + w_context * context - w_distance_per_m * distance. With
+both experience weights at 0 this is the nearest-frontier planner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from trajrag.planners.base import PlannerContext
+from trajrag.retrieval.types import DecisionRetrieval, Experience
+
+
+@dataclass
+class ScoringConfig:
+    """``configs/scoring.yaml``: the weights of the score (units in the names)."""
+
+    w_similarity: float
+    w_context: float
+    w_distance_per_m: float
+    hysteresis_m: float
+    end_nodes: int
+
+
+class ScoringPlanner:
+    """Picks the candidate with the best experience-weighted score (see the module docstring).
+
+    ``retriever``: anything with ``retrieve(trajectories, goal) -> DecisionRetrieval``. After each
+    ``choose``, ``last_retrieval`` and ``last_scores`` hold what the decision was based on.
+    """
+
+    name = "trajrag"
+
+    def __init__(self, retriever: Any, cfg: ScoringConfig) -> None:
+        self.retriever = retriever
+        self.cfg = cfg
+        self.goal = ""
+        self.last_retrieval: DecisionRetrieval | None = None
+        self.last_scores: np.ndarray | None = None
+        self.retrieval_ms: list[float] = []
+
+    def reset(self, goal: str, seed: int) -> None:
+        self.goal = goal
+        self.retrieval_ms = []
+
+    def episode_stats(self) -> dict:
+        """Per-episode counters for the evaluation records."""
+        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms], "fallbacks": 0}
+
+    def choose(self, ctx: PlannerContext) -> int:
+        retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal)
+        self.last_retrieval = retrieval
+        self.retrieval_ms.append(retrieval.total_ms)
+        scores = self.score(ctx, retrieval)
+        self.last_scores = scores
+        return int(np.argmax(scores))
+
+    def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval) -> np.ndarray:
+        """The score of every candidate (higher is better)."""
+        cfg = self.cfg
+        distance = candidate_distances(ctx)
+        similarity = np.array([goal_similarity(exps, ctx.goal) for exps in retrieval.experiences])
+        context = np.array([
+            goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
+            for c, exps in zip(ctx.candidates, retrieval.experiences)])
+        scores = cfg.w_similarity * similarity + cfg.w_context * context - cfg.w_distance_per_m * distance
+        if ctx.current_waypoint is not None:  # keep the previous target unless clearly worse
+            centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
+            same = np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= cfg.hysteresis_m
+            scores = scores + same * cfg.w_distance_per_m * cfg.hysteresis_m
+        return scores
+
+
+def candidate_distances(ctx: PlannerContext) -> np.ndarray:
+    """Geodesic metres to each candidate's frontier (path length where none was found)."""
+    geodesic = np.array([ctx.frontier_distances[c.frontier_index] for c in ctx.candidates], dtype=float)
+    fallback = np.array([c.length_m for c in ctx.candidates], dtype=float)
+    return np.where(np.isfinite(geodesic), geodesic, fallback)
+
+
+def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:
+    """Mean fine-stage similarity of the experiences, counting only successes towards ``goal``."""
+    if not experiences:
+        return 0.0
+    return float(np.mean([max(e.similarity, 0.0) if (e.goal == goal and e.success) else 0.0
+                          for e in experiences]))
+
+
+def end_objects(trajectory: Any, end_nodes: int) -> Counter:
+    """Object names around the last ``end_nodes`` nodes of a topo-polar trajectory (sector counts)."""
+    sectors = np.asarray(trajectory.sectors)[-end_nodes:]
+    return Counter(str(trajectory.categories[c]) for c in sectors.ravel() if c >= 0)
+
+
+def _chunk_end_objects(experience: Experience, names: Mapping[int, str], end_nodes: int) -> Counter:
+    return Counter(names.get(int(c), str(c)) for c in experience.sectors[-end_nodes:].ravel() if c >= 0)
+
+
+def goal_context(objects: Counter, experiences: Iterable[Experience], goal: str,
+                 names: Mapping[int, str], end_nodes: int) -> float:
+    """Mean cosine similarity between ``objects`` and the objects around the ends of the
+    experiences that reached ``goal`` (the goal category left out of both)."""
+    query = {k: v for k, v in objects.items() if k != goal}
+    values = []
+    for e in experiences:
+        if e.goal != goal or not e.success:
+            continue
+        ends = {k: v for k, v in _chunk_end_objects(e, names, end_nodes).items() if k != goal}
+        values.append(_cosine(query, ends))
+    return float(np.mean(values)) if values else 0.0
+
+
+def _cosine(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    if not a or not b:
+        return 0.0
+    dot = sum(v * b.get(k, 0.0) for k, v in a.items())
+    return float(dot / (np.sqrt(sum(v * v for v in a.values())) * np.sqrt(sum(v * v for v in b.values()))))
+
+
+# -- factories (agent/registry.py) ------------------------------------------------------------
+_RETRIEVERS: dict[tuple, Any] = {}
+
+
+def shared_retriever(overrides: Sequence[str] = ()) -> Any:
+    """One retriever per process and configuration (loading one reads the whole store and the
+    encoder, seconds; every agent of an evaluation shares it)."""
+    from trajrag.retrieval.retriever import load_retriever
+
+    key = tuple(o for o in overrides if o.startswith(("retrieval.", "memory.", "encoder.")))
+    if key not in _RETRIEVERS:
+        _RETRIEVERS[key] = load_retriever(overrides)
+    return _RETRIEVERS[key]
+
+
+def make_scoring_planner(overrides: Sequence[str] = ()) -> ScoringPlanner:
+    from trajrag import config
+
+    return ScoringPlanner(shared_retriever(overrides), config.load("scoring", overrides))
+
+
+def make_trajrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
+    """The navigator with the retrieval-scoring planner (store and model from ``retrieval.*``)."""
+    from trajrag.agent.navigator import make_navigator
+
+    return make_navigator(make_scoring_planner(overrides), sim_cfg, overrides, seed)

@@ -1,0 +1,307 @@
+"""Coarse-to-fine retrieval of past trajectories for the candidate paths of one decision.
+
+Paper (seed 000, "navigation with TrajRAG"): each candidate path gives a hypothetical
+trajectory (walked part + path + frontier node). The **coarse** stage matches it against the
+topo-polar summaries of the groups (the memory's semantic + geometric matching: the node
+prefilter votes, then Eq. 8 + mutual KNN + RANSAC SE(2) on the best-voted groups) and keeps the
+top groups; the **fine** stage encodes it with the goal (f_E, Eq. 6) and returns the top-K chunks
+inside those groups by cosine similarity. All candidates of a decision are encoded in one batch.
+
+Variants (``configs/retrieval.yaml``, the paper's ablations): ``coarse: false`` searches every
+chunk (no coarse stage); ``fine: text`` embeds the candidate's description L(T_tp) and the chunks'
+descriptions with the frozen MiniLM instead of f_E (TE; with ``coarse: false`` this is
+TrajTextRAG); the node representation (TPS-G+S, TPS-S, TPS-G, TNA) comes with the encoder
+model folder (``encoder.node.representation`` at training) and is applied to the matching too.
+
+The retriever holds the chunks it searches in memory (ids, groups, goals, sectors, embeddings):
+at 100k chunks that is ~350 MB with 768-wide float32 embeddings; ``bench scale`` measures an ANN
+backend for larger stores (any ``ChunkSearch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from trajrag.memory.matching import N_SECTORS, match, rank_votes
+from trajrag.retrieval.types import ChunkSearch, DecisionRetrieval, Experience
+from trajrag.topo.representation import TPS_GS, represent
+
+log = logging.getLogger(__name__)
+
+FINE_ENCODER, FINE_TEXT = "encoder", "text"
+
+
+class RetrievalError(RuntimeError):
+    """The store or the model cannot serve retrieval (empty store, wrong encoder version...)."""
+
+
+@dataclass
+class RetrievalConfig:
+    """``configs/retrieval.yaml``: where the memory is and how the two stages run."""
+
+    store: str
+    model_dir: str
+    coarse: bool
+    prefilter_groups: int
+    coarse_groups: int
+    top_k: int
+    fine: str
+    embed_missing: bool
+    torch_threads: int
+    seed: int
+
+
+class ExactChunkSearch:
+    """Exact cosine search over an in-memory float32 matrix of unit rows (the default backend)."""
+
+    def __init__(self, embeddings: np.ndarray) -> None:
+        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+
+    def search(self, queries: np.ndarray, allowed: Sequence[np.ndarray | None],
+               k: int) -> list[list[tuple[int, float]]]:
+        out = []
+        for q, rows in zip(np.asarray(queries, dtype=np.float32), allowed):
+            if rows is None:
+                sims = self.embeddings @ q
+                rows = np.arange(len(sims))
+            else:
+                sims = self.embeddings[rows] @ q
+            if len(sims) == 0:
+                out.append([])
+                continue
+            top = np.argpartition(-sims, min(k, len(sims)) - 1)[:k] if len(sims) > k else np.arange(len(sims))
+            top = top[np.argsort(-sims[top], kind="stable")]
+            out.append([(int(rows[i]), float(sims[i])) for i in top])
+        return out
+
+
+@dataclass
+class _Query:
+    """A candidate's hypothetical trajectory in store label ids (what the matcher reads)."""
+
+    node_xy: np.ndarray
+    sectors: np.ndarray
+    edges: np.ndarray
+    reference_yaw: float
+
+
+class Retriever:
+    """Coarse-to-fine retrieval over one memory store (read-only).
+
+    ``store``: a ``MemoryStore`` or URI. ``model_dir``: the trained f_E folder (needed for
+    ``fine: encoder``; its node encoder serves ``fine: text`` too). ``memory_cfg``: the memory's
+    matching thresholds (``configs/memory.yaml``). ``search``: the fine-stage backend (default:
+    exact, in memory).
+    """
+
+    def __init__(self, store: Any, cfg: RetrievalConfig, memory_cfg: Any, *,
+                 encoder: Any = None, search: ChunkSearch | None = None) -> None:
+        from trajrag.memory.grouping import TrajectoryMemory
+        from trajrag.memory.store import MemoryStore
+
+        if not isinstance(store, MemoryStore):
+            store = MemoryStore(str(store), read_only=True)
+        self.store, self.cfg = store, cfg
+        if cfg.fine not in (FINE_ENCODER, FINE_TEXT):
+            raise RetrievalError(f"retrieval.fine must be {FINE_ENCODER!r} or {FINE_TEXT!r}, got {cfg.fine!r}")
+        if cfg.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
+        self.encoder = encoder if encoder is not None else _load_encoder(cfg.model_dir)
+        self.representation = self.encoder.node_encoder.cfg.representation
+        # The summaries and their node prefilter, exactly as the memory's writer sees them.
+        self.memory = TrajectoryMemory(store, memory_cfg)
+        self._apply_representation()
+        self._vote_cache: dict[bytes, dict[int, float]] = {}
+        self._load_chunks()
+        self._search = search or ExactChunkSearch(self.embeddings)
+        self.stats = {"decisions": 0, "queries": 0}
+
+    def refresh(self) -> None:
+        """Read the store again (after chunks were added: lifelong mode)."""
+        self.store.checkout_latest()
+        self.memory.reload()
+        self._apply_representation()
+        self._vote_cache = {}
+        self._load_chunks()
+        if isinstance(self._search, ExactChunkSearch):
+            self._search = ExactChunkSearch(self.embeddings)
+
+    # -- loading -------------------------------------------------------------------------------
+    def _apply_representation(self) -> None:
+        if self.representation != TPS_GS:  # match like with like (paper Tab. 1 variants)
+            for gid, summary in self.memory.summaries.items():
+                summary.sectors = represent(summary.sectors, self.representation)
+                self.memory.index.set_group(gid, summary.sectors)
+
+    def _load_chunks(self) -> None:
+        from trajrag.memory.store import CHUNKS
+
+        table = self.store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "success",
+                                         "sectors", "node_xy", "description", "embedding",
+                                         "encoder_version"])
+        if table.num_rows == 0:
+            raise RetrievalError(f"memory store {self.store.uri} has no chunks: build one with "
+                                 "`trajrag corpus build` before retrieving from it")
+        cols = {name: table.column(name).to_pylist() for name in
+                ("trajectory_id", "scene_hint", "goal", "success", "description", "encoder_version")}
+        self.ids: list[str] = cols["trajectory_id"]
+        self.goals = np.asarray(cols["goal"], dtype=object)
+        self.success = np.asarray([bool(s) for s in cols["success"]])
+        self.scene_hints, self.descriptions = cols["scene_hint"], cols["description"]
+        self.groups = np.asarray(self.store.resolve_groups(table.column("group_id").to_pylist()), dtype=np.int64)
+        self.sectors = [np.asarray(s, dtype=np.int16).reshape(-1, N_SECTORS) for s in table.column("sectors").to_pylist()]
+        self.node_xy = [np.asarray(s, dtype=np.float64).reshape(-1, 2) for s in table.column("node_xy").to_pylist()]
+        self.names = {label: name for name, label in self.store.vocabulary().items()}
+        self._vocab = {name: label for label, name in self.names.items()}
+        self.rows_of_group: dict[int, np.ndarray] = {}
+        for g in np.unique(self.groups):
+            self.rows_of_group[int(g)] = np.flatnonzero(self.groups == g)
+        self.embeddings = self._chunk_embeddings(table, cols["encoder_version"])
+
+    def _chunk_embeddings(self, table: Any, versions: list[str | None]) -> np.ndarray:
+        """Unit rows (N, D): stored f_E embeddings of this encoder's version, or text embeddings
+        of the descriptions for ``fine: text``; chunks embedded by another encoder version are
+        an error unless ``embed_missing`` (then they are embedded here, in memory)."""
+        if self.cfg.fine == FINE_TEXT:
+            return self._text_embeddings(self.descriptions)
+        stale = [i for i, v in enumerate(versions) if v != self.encoder.version]
+        if stale and not self.cfg.embed_missing:
+            found = sorted({str(versions[i]) for i in stale})
+            raise RetrievalError(
+                f"memory store {self.store.uri}: {len(stale)} of {len(versions)} chunks are embedded "
+                f"with encoder version(s) {found[:3]}, the model {self.cfg.model_dir or 'given'} is "
+                f"{self.encoder.version}: re-embed with `trajrag encoder eval --store ... --model ...` "
+                "or set retrieval.embed_missing=true")
+        width = int(self.encoder.dim)
+        z = np.zeros((len(versions), width), dtype=np.float32)
+        stale_set = set(stale)
+        fresh = [i for i in range(len(versions)) if i not in stale_set]
+        if fresh:
+            stored = table.column("embedding").take(fresh).to_pylist()
+            z[fresh] = np.asarray(stored, dtype=np.float32).reshape(len(fresh), width)
+        if stale:
+            log.warning("embedding %d chunks of %s in memory (stale or missing embeddings)",
+                        len(stale), self.store.uri)
+            z[stale] = self._encode([self._represented(self.sectors[i]) for i in stale],
+                                    [str(self.goals[i]) for i in stale], self.names)
+        return z
+
+    def _text_embeddings(self, texts: Sequence[str]) -> np.ndarray:
+        ne = self.encoder.node_encoder
+        from trajrag.encoder import load_config
+
+        return ne.encode_texts(list(texts), max_length=load_config().node.text_max_length)
+
+    # -- one decision -----------------------------------------------------------------------------
+    def retrieve(self, candidates: Sequence[Any], goal: str) -> DecisionRetrieval:
+        """The top-K experiences of each candidate (hypothetical ``TopoPolarTrajectory``s)."""
+        if not candidates:
+            return DecisionRetrieval([], self.names)
+        start = time.perf_counter()
+        names = dict(self.names)
+        queries = [self._to_store_labels(c, names) for c in candidates]
+        allowed: list[np.ndarray | None] = [None] * len(queries)
+        coarse: list[dict[int, float]] = [{} for _ in queries]
+        if self.cfg.coarse and self.rows_of_group:
+            for i, q in enumerate(queries):
+                coarse[i] = self._coarse(q)
+                rows = [self.rows_of_group[g] for g in coarse[i] if g in self.rows_of_group]
+                allowed[i] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        mid = time.perf_counter()
+        if self.cfg.fine == FINE_TEXT:
+            from trajrag.topo.describe import describe
+
+            z = self._text_embeddings([describe(c) for c in candidates])
+        else:
+            z = self._encode([q.sectors for q in queries], [goal] * len(queries), names)
+        found = self._search.search(z, allowed, self.cfg.top_k)
+        experiences = [[self._experience(row, sim, coarse[i].get(int(self.groups[row]), 0.0))
+                        for row, sim in hits] for i, hits in enumerate(found)]
+        end = time.perf_counter()
+        self.stats["decisions"] += 1
+        self.stats["queries"] += len(candidates)
+        return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3)
+
+    def _coarse(self, q: _Query) -> dict[int, float]:
+        """The kept groups -> their coarse score (inlier ratio), best first: the prefilter's
+        best-voted groups re-ranked by exact matching (score, then inlier count, then vote)."""
+        voted = rank_votes(self._node_votes(q.sectors), self.cfg.prefilter_groups)
+        rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
+        scored = []
+        for rank, gid in enumerate(voted):
+            result = match(q, self.memory.summaries[gid], self.memory.params, rng)
+            scored.append((-float(result.score), -result.n_inliers, rank, gid))
+        scored.sort()
+        return {gid: -neg for neg, _, _, gid in scored[: self.cfg.coarse_groups]}
+
+    def _node_votes(self, sectors: np.ndarray) -> list[dict[int, float]]:
+        """The prefilter's per-node group votes, cached by sector vector: the walked part of
+        every candidate, and of every later decision, repeats the same nodes."""
+        keys = [row.tobytes() for row in sectors]
+        missing = [i for i, k in enumerate(keys) if k not in self._vote_cache]
+        if missing:
+            votes = self.memory.index.node_votes(sectors[missing], self.memory.cfg.prefilter_neighbours)
+            for i, v in zip(missing, votes):
+                self._vote_cache[keys[i]] = v
+        return [self._vote_cache[k] for k in keys]
+
+    def _experience(self, row: int, similarity: float, coarse_score: float) -> Experience:
+        return Experience(
+            trajectory_id=self.ids[row], group_id=int(self.groups[row]), goal=str(self.goals[row]),
+            success=bool(self.success[row]), similarity=float(similarity), coarse_score=float(coarse_score),
+            description=self.descriptions[row] or "", scene_hint=self.scene_hints[row] or "",
+            sectors=self.sectors[row], node_xy=self.node_xy[row])
+
+    # -- encoding ---------------------------------------------------------------------------------
+    def _represented(self, sectors: np.ndarray) -> np.ndarray:
+        return represent(sectors, self.representation) if self.representation != TPS_GS else sectors
+
+    def _to_store_labels(self, traj: Any, names: dict[int, str]) -> _Query:
+        """The candidate with its category ids mapped to the store's label ids; a category the
+        store never saw gets a query-local id (it matches nothing, and still has a name)."""
+        lut = np.zeros(max(len(traj.categories), 1), dtype=np.int16)
+        for k, name in enumerate(traj.categories):
+            if name not in self._vocab:
+                self._vocab[name] = max(names, default=-1) + 1
+                names[self._vocab[name]] = name
+            lut[k] = self._vocab[name]
+            names.setdefault(int(lut[k]), name)
+        sectors = np.asarray(traj.sectors)
+        mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)], sectors).astype(np.int16)
+        return _Query(np.asarray(traj.node_xy, dtype=np.float64), self._represented(mapped),
+                      np.asarray(traj.edges, dtype=np.int64).reshape(-1, 2), float(traj.reference_yaw))
+
+    def _encode(self, sectors: Sequence[np.ndarray], goals: Sequence[str], names: dict[int, str]) -> np.ndarray:
+        return self.encoder.encode_sectors(list(sectors), list(goals), names)
+
+
+def _load_encoder(model_dir: str) -> Any:
+    from trajrag.encoder import EncoderError
+    from trajrag.encoder.model import TrajectoryEncoder
+
+    if not model_dir:
+        raise RetrievalError("retrieval needs a trained encoder folder: pass --model MODEL_DIR "
+                             "(or --set retrieval.model_dir=...); train one with `trajrag encoder train`")
+    try:
+        return TrajectoryEncoder(model_dir)
+    except EncoderError as exc:
+        raise RetrievalError(str(exc)) from exc
+
+
+def load_retriever(overrides: Sequence[str] = (), **kwargs: Any) -> Retriever:
+    """A retriever configured from ``configs/retrieval.yaml`` and ``configs/memory.yaml``."""
+    from trajrag import config
+
+    cfg: RetrievalConfig = config.load("retrieval", overrides)
+    if not cfg.store:
+        raise RetrievalError("retrieval needs a memory store: pass --store PATH "
+                             "(or --set retrieval.store=...)")
+    return Retriever(cfg.store, cfg, config.load("memory", overrides), **kwargs)

@@ -1,0 +1,228 @@
+"""Coarse-to-fine retrieval, the retrieval-scoring and GraphRAG planners, and `trajrag eval`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import FAST_SIM
+from trajrag.planners.frontier import NearestFrontierPlanner
+from trajrag.planners.graphrag import SceneGraph
+from trajrag.planners.scoring import ScoringConfig, ScoringPlanner, goal_context
+from trajrag.retrieval.types import DecisionRetrieval, Experience
+from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.representation import represent
+
+
+def _retriever(store, model_dir, *overrides):
+    from trajrag.retrieval.retriever import load_retriever
+
+    return load_retriever([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}", *overrides])
+
+
+def _stored(store, k=0):
+    """The k-th longest stored trajectory (long enough for the geometric match's minimum)."""
+    from trajrag import config
+    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.store import MemoryStore
+
+    memory = TrajectoryMemory(MemoryStore(store, read_only=True), config.load("memory"))
+    trajs = {tid: memory.load_trajectory(tid) for tid in sorted(memory._chunk_ids)}
+    tid = sorted(trajs, key=lambda t: -len(trajs[t]))[k]
+    return tid, trajs[tid]
+
+
+# -- retriever ------------------------------------------------------------------------------------
+def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memory):
+    store, model_dir = nav_memory
+    retriever = _retriever(store, model_dir)
+    tid, traj = _stored(store)
+    result = retriever.retrieve([traj, traj], traj.goal)
+    assert len(result.experiences) == 2 and result.coarse_ms >= 0 and result.fine_ms > 0
+    best = result.experiences[0][0]
+    assert best.trajectory_id == tid
+    assert best.similarity == pytest.approx(1.0, abs=1e-3)
+    assert best.coarse_score > 0.5  # its own group matched geometrically
+    assert len(result.experiences[0]) <= retriever.cfg.top_k
+    sims = [e.similarity for e in result.experiences[0]]
+    assert sims == sorted(sims, reverse=True)
+
+
+def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
+    store, model_dir = nav_memory
+    tid, traj = _stored(store, 1)
+    for overrides in (["retrieval.coarse=false"], ["retrieval.fine=text"],
+                      ["retrieval.coarse=false", "retrieval.fine=text", "retrieval.top_k=50"]):
+        result = _retriever(store, model_dir, *overrides).retrieve([traj], traj.goal)
+        assert result.experiences[0], overrides
+        assert all(e.coarse_score == 0.0 for e in result.experiences[0]) == ("retrieval.coarse=false" in overrides)
+    every = _retriever(store, model_dir, "retrieval.coarse=false", "retrieval.top_k=1000").retrieve([traj], traj.goal)
+    assert len(every.experiences[0]) == len(_retriever(store, model_dir).ids)
+
+
+def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):
+    store, model_dir = nav_memory
+    _, traj = _stored(store)
+    traj.categories = tuple(traj.categories[:-1]) + ("spaceship",)
+    result = _retriever(store, model_dir).retrieve([traj], "spaceship")
+    assert result.experiences[0]
+    assert all(e.goal != "spaceship" for e in result.experiences[0])  # nothing to find, no crash
+
+
+def test_empty_store_and_other_encoder_version_give_clear_errors(nav_memory, tmp_path):
+    from trajrag.memory.store import MemoryStore
+    from trajrag.retrieval.retriever import RetrievalError
+
+    store, model_dir = nav_memory
+    empty = str(tmp_path / "empty")
+    MemoryStore(empty, embedding_dim=768).close()
+    with pytest.raises(RetrievalError, match="no chunks"):
+        _retriever(empty, model_dir)
+    other = tmp_path / "other-model"
+    shutil.copytree(model_dir, other)
+    meta = json.loads((other / "encoder.json").read_text())
+    meta["encoder_version"] = "0123456789abcdef"
+    (other / "encoder.json").write_text(json.dumps(meta))
+    with pytest.raises(RetrievalError, match="re-embed"):
+        _retriever(store, str(other))
+    fallback = _retriever(store, str(other), "retrieval.embed_missing=true")  # documented fallback
+    _, traj = _stored(store)
+    assert fallback.retrieve([traj], traj.goal).experiences[0][0].similarity == pytest.approx(1.0, abs=1e-3)
+
+
+def test_representations_keep_what_the_ablation_names():
+    sectors = np.array([[0, FREE, OBSTACLE, 3, UNKNOWN, 0, FREE, FREE, 1, 2, OBSTACLE, FREE]], dtype=np.int16)
+    semantic = represent(sectors, "tps_s")
+    assert (semantic[sectors >= 0] == sectors[sectors >= 0]).all() and (semantic[sectors < 0] == UNKNOWN).all()
+    geometric = represent(sectors, "tps_g")
+    assert (geometric[sectors >= 0] == OBSTACLE).all() and (geometric[sectors < 0] == sectors[sectors < 0]).all()
+    bag = represent(sectors, "tna")
+    assert Counter(bag[0].tolist()) == Counter(sectors[0].tolist())
+    assert (represent(np.roll(sectors, 5, axis=1), "tna") == bag).all()  # order gone
+    with pytest.raises(ValueError, match="unknown node representation"):
+        represent(sectors, "tps_x")
+
+
+# -- planners -------------------------------------------------------------------------------------
+def _candidate(objects_at_end: list[int], categories=("toilet", "sink", "bed")):
+    sectors = np.full((3, 12), FREE, dtype=np.int16)
+    sectors[-1, : len(objects_at_end)] = objects_at_end
+    return SimpleNamespace(sectors=sectors, categories=categories)
+
+
+def _context(candidates, distances, goal="toilet"):
+    wrapped = [SimpleNamespace(frontier_index=i, length_m=d, trajectory=c)
+               for i, (c, d) in enumerate(zip(candidates, distances))]
+    frontiers = [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(len(candidates))]
+    return SimpleNamespace(goal=goal, candidates=wrapped, frontiers=frontiers,
+                           frontier_distances=np.asarray(distances, dtype=float), current_waypoint=None)
+
+
+def _experience(goal, end_labels, success=True, similarity=0.9):
+    sectors = np.full((2, 12), OBSTACLE, dtype=np.int16)
+    sectors[-1, : len(end_labels)] = end_labels
+    return Experience("t", 0, goal, success, similarity, 0.0, "", sectors=sectors)
+
+
+class _FixedRetriever:
+    def __init__(self, experiences):
+        self.experiences = experiences
+
+    def retrieve(self, trajectories, goal):
+        return DecisionRetrieval([list(self.experiences) for _ in trajectories], {0: "toilet", 1: "sink", 2: "bed"}, 1.0, 1.0)
+
+
+def test_goal_context_prefers_what_surrounded_the_goal_in_experience():
+    names = {0: "toilet", 1: "sink", 2: "bed"}
+    past = [_experience("toilet", [0, 1, 1]), _experience("bed", [2, 2])]
+    sink_ahead = goal_context(Counter({"sink": 2}), past, "toilet", names, end_nodes=2)
+    bed_ahead = goal_context(Counter({"bed": 2}), past, "toilet", names, end_nodes=2)
+    assert sink_ahead == pytest.approx(1.0) and bed_ahead == 0.0
+    failed = [_experience("toilet", [0, 1], success=False)]
+    assert goal_context(Counter({"sink": 1}), failed, "toilet", names, 2) == 0.0
+
+
+def test_scoring_planner_follows_experience_and_reduces_to_nearest_frontier():
+    candidates = [_candidate([2, 2]), _candidate([1, 1])]  # bed ahead (near), sink ahead (far)
+    ctx = _context(candidates, [2.0, 4.0])
+    retriever = _FixedRetriever([_experience("toilet", [0, 1, 1])])
+    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=1.0, end_nodes=2)
+    planner = ScoringPlanner(retriever, cfg)
+    assert planner.choose(ctx) == 1  # the sink side, worth a 2 m detour
+    assert planner.last_retrieval is not None and len(planner.episode_stats()["retrieval_ms"]) == 1
+    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2))
+    assert blind.choose(ctx) == NearestFrontierPlanner(0.0).choose(ctx) == 0
+
+
+def test_scene_graph_relations_count_objects_seen_together():
+    graph = SceneGraph([{"toilet", "sink"}, {"sink"}, {"bed", "chair"}, {"toilet", "sink"}], min_support=1)
+    assert graph.relation("toilet", "sink") == pytest.approx(2 / 3)
+    assert graph.relation("toilet", "bed") == 0.0
+    assert graph.neighbours("toilet", 3) == [("sink", pytest.approx(2 / 3))]
+    assert SceneGraph([{"toilet", "sink"}], min_support=2).relation("toilet", "sink") == 0.0
+
+
+# -- trajrag eval ---------------------------------------------------------------------------------
+def _eval(*args):
+    cmd = [str(Path(sys.executable).parent / "trajrag"), "eval", "--scenes", "procedural:val:1", "--episodes", "generated:2",
+           *args, *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)], "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path):
+    store, model_dir = nav_memory
+    out = tmp_path / "eval"
+    run = _eval("--planner", "trajrag,frontier,graphrag", "--store", store, "--model", model_dir, "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    runs = json.loads(run.stdout.strip().splitlines()[-1])["runs"]
+    assert set(runs) == {"trajrag", "frontier", "graphrag"}
+    for name, summary in runs.items():
+        assert summary["episodes"] == 2 and 0.0 <= summary["sr"] <= 1.0 and 0.0 <= summary["spl"] <= 1.0
+        assert summary["planner_calls"] > 0 and summary["fallbacks"] == 0
+    assert runs["trajrag"]["retrieval_ms_p50"] > 0 and runs["frontier"]["retrieval_ms_p50"] is None
+    records = (out / "trajrag" / "episodes.jsonl").read_text().splitlines()
+    assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]
+    table = (out / "results.md").read_text()
+    assert all(f"| {name} |" in table for name in runs) and "retrieval_ms_p50" in table
+    again = _eval("--planner", "trajrag", "--variant", "no_coarse", "--store", store, "--model", model_dir,
+                  "--out", str(out))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["label"] == "trajrag-no_coarse"
+    assert len((out / "trajrag" / "episodes.jsonl").read_text().splitlines()) == 2  # untouched
+    assert "| trajrag-no_coarse |" in (out / "results.md").read_text()  # the table spans both calls
+
+
+def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_path):
+    from trajrag.memory.store import MemoryStore
+
+    source, model_dir = nav_memory
+    store = str(tmp_path / "memory")
+    shutil.copytree(source, store)
+    before = MemoryStore(store, read_only=True).count("chunks")
+    out = tmp_path / "lifelong"
+    run = _eval("--planner", "trajrag", "--store", store, "--model", model_dir, "--out", str(out), "--lifelong")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = (out / "trajrag" / "lifelong.csv").read_text().splitlines()
+    assert rows[0] == "episodes_seen,sr,spl,chunks,last_action" and len(rows) == 3
+    after = MemoryStore(store, read_only=True)
+    inserted = after.count("chunks", "trajectory_id LIKE 'lifelong/%'")
+    assert after.count("chunks") == before + inserted
+    assert after.count("chunks", "trajectory_id LIKE 'lifelong/%' AND embedding IS NULL") == 0
+
+
+def test_eval_errors_are_one_line(nav_memory, tmp_path):
+    run = _eval("--planner", "trajrag", "--out", str(tmp_path / "x"))
+    assert run.returncode == 2 and "--store" in run.stderr and "Traceback" not in run.stderr
+    run = _eval("--planner", "teleport", "--out", str(tmp_path / "x"))
+    assert run.returncode == 2 and "unknown planner" in run.stderr
+    run = _eval("--planner", "trajrag", "--store", str(tmp_path / "nothing"), "--model", nav_memory[1],
+                "--out", str(tmp_path / "x"))
+    assert run.returncode == 2 and "no store there" in run.stderr and "Traceback" not in run.stderr
