@@ -46,6 +46,8 @@ SECTIONS: dict[str, str] = {
     "scoring": "trajrag.planners.scoring:ScoringConfig",
     "eval": "trajrag.cli.eval:EvalConfig",
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
+    "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
+    "sweep": "trajrag.distributed.sweep:SweepConfig",
 }
 
 

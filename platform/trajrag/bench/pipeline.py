@@ -1,27 +1,44 @@
 """``trajrag bench pipeline``: throughput of the platform jobs on Ray.
 
-Now: ``corpus_traj_per_s_1`` and ``corpus_traj_per_s_2``, the corpus build
-(``distributed.corpus.build_corpus_ray``) with 1 and 2 collector actors on the same small corpus
-(``configs/pipeline_bench.yaml``), each into a fresh store in a temporary folder. The rate is
-trajectories stored per second of the job's pipeline: actor start, collection, conversion and
-inserts, without starting Ray and generating the episodes (paid once per job, not per
-trajectory). ``eval_episodes_per_h_1/_2`` and ``serve_ms_p50/_p99`` (issue 7) come with the
-evaluation and Serve jobs.
+* ``corpus_traj_per_s_1`` and ``corpus_traj_per_s_2``: the corpus build
+  (``distributed.corpus.build_corpus_ray``) with 1 and 2 collector actors on the same small corpus
+  (``configs/pipeline_bench.yaml``), each into a fresh store in a temporary folder. The rate is
+  trajectories stored per second of the job's pipeline: actor start, collection, conversion and
+  inserts, without starting Ray and generating the episodes (paid once per job, not per
+  trajectory).
+* ``eval_episodes_per_h_1`` and ``eval_episodes_per_h_2``: the evaluation job
+  (``distributed.evaluate.evaluate_ray``) of the ``trajrag`` planner with 1 and 2 evaluator actors
+  on the same episodes, each into a fresh output folder. The rate is episodes per hour of the
+  job's pipeline (evaluator start included); the Serve app (planner + retriever) is deployed
+  once before and shared, as jobs on one cluster share it. The memory is a small one built here
+  (oracle walks + an untrained encoder: throughput does not depend on the weights) unless
+  ``eval_store`` / ``eval_model`` name one.
+* ``serve_ms_p50`` and ``serve_ms_p99``: end-to-end latency of one decision request through the
+  Planner deployment's ``DeploymentHandle`` (request encoding, Planner -> Retriever -> scoring,
+  answer), one request at a time, replaying the decision requests recorded from a real
+  navigation run (nearest-frontier walk of the first benchmark episode) in a loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from trajrag import config
 
 
 @dataclass
 class PipelineBenchConfig:
-    """``configs/pipeline_bench.yaml``: the corpus measured and its --quick variant."""
+    """``configs/pipeline_bench.yaml``: the corpus, the evaluation and the Serve replay measured,
+    and their --quick variants."""
 
     corpus_scenes: str
     corpus_episodes_per_scene: int
@@ -31,6 +48,24 @@ class PipelineBenchConfig:
     quick_episodes_per_scene: int
     quick_policy: str
     quick_overrides: list[str]
+    eval_store: str
+    eval_model: str
+    eval_memory_scenes: str
+    eval_memory_episodes_per_scene: int
+    eval_memory_overrides: list[str]
+    eval_scenes: str
+    eval_episodes: str
+    eval_planner: str
+    eval_workers: list[int]
+    eval_overrides: list[str]
+    serve_requests: int
+    serve_warmup: int
+    quick_eval_memory_scenes: str
+    quick_eval_memory_episodes_per_scene: int
+    quick_eval_scenes: str
+    quick_eval_episodes: str
+    quick_eval_overrides: list[str]
+    quick_serve_requests: int
 
 
 def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[int],
@@ -54,9 +89,154 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
     return result
 
 
+# -- the evaluation ---------------------------------------------------------------------------------
+def small_memory(root: Path, scenes: str, per_scene: int, overrides: list[str]) -> tuple[str, str]:
+    """A small real memory for retrieval: oracle walks of ``scenes`` converted and grouped into a
+    store, and an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0) whose
+    embeddings are written to every chunk. Returns ``(store URI, model folder)``."""
+    from trajrag.cli.corpus import build_corpus
+    from trajrag.encoder import load_config
+    from trajrag.encoder.data import encode_records, read_records
+    from trajrag.encoder.evaluate import write_embeddings
+    from trajrag.encoder.model import TrajectoryEncoder, build_model, embed, save_model_dir
+    from trajrag.encoder.node_encoder import NodeEncoder
+
+    store, model_dir = str(root / "memory"), str(root / "model")
+    build_corpus(scenes, per_scene, "oracle", store, overrides=overrides, progress=False)
+    cfg = load_config(overrides)
+    node_encoder = NodeEncoder(cfg.node)
+    save_model_dir(model_dir, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model,
+                   node_encoder.info(), extra={"seed": 0, "train_scenes": []})
+    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder)
+    records, names = read_records(store)
+    data = encode_records(records, names, node_encoder)
+    index = list(range(len(data)))
+    z = embed(encoder.model, data.sequences(index), data.goal_vectors(index), 64)
+    write_embeddings(store, data.ids, z, encoder.version, 256)
+    return store, model_dir
+
+
+def eval_throughput(planner: str, scenes: list, episodes: list, workers: list[int], overrides: list[str],
+                    progress: bool = False) -> dict:
+    """``eval_episodes_per_h_<n>`` for each evaluator count ``n`` (fresh output folders), plus
+    the Serve latency the evaluators saw and per-core costs."""
+    from trajrag.distributed.evaluate import evaluate_ray
+
+    result: dict = {}
+    for n in workers:
+        with tempfile.TemporaryDirectory(prefix="trajrag-bench-eval-") as tmp:
+            summary = evaluate_ray(f"bench-x{n}", planner, scenes, episodes, tmp, overrides, workers=n,
+                                   progress=progress)
+        result[f"eval_episodes_per_h_{n}"] = summary["episodes_per_h"]
+        result[f"eval_seconds_{n}"] = summary["seconds"]
+        result[f"eval_cpu_s_per_episode_{n}"] = summary["cpu_seconds"]["evaluate"] / max(summary["evaluated"], 1)
+        result[f"eval_serve_ms_p50_{n}"] = summary["serve_ms_p50"]
+        result[f"eval_sr_{n}"], result[f"eval_spl_{n}"] = summary["sr"], summary["spl"]
+    result["eval_episodes"] = len(episodes)
+    return result
+
+
+# -- Serve latency --------------------------------------------------------------------------------
+class RecordingPlanner:
+    """Wraps a planner and keeps the Serve decision request of every decision it makes."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, f"recording-{inner.name}"
+        self.requests: list[dict] = []
+
+    def reset(self, goal: str, seed: int) -> None:
+        self.inner.reset(goal, seed)
+
+    def choose(self, ctx) -> int:
+        from trajrag.distributed.serve_planner import decision_request
+
+        self.requests.append(decision_request(ctx))
+        return self.inner.choose(ctx)
+
+
+def record_decisions(scenes: list, episodes: list, overrides: list[str], at_least: int = 5) -> list[dict]:
+    """Decision requests of nearest-frontier walks of the benchmark episodes, in order, until at
+    least ``at_least`` decisions were recorded (realistic candidate payloads for the replay)."""
+    from trajrag.agent.episode_runner import run_episode
+    from trajrag.agent.navigator import make_navigator
+    from trajrag.planners.frontier import NearestFrontierPlanner
+    from trajrag.world.sim import GridSimulator
+
+    sim_cfg = config.load("sim", overrides)
+    planner = RecordingPlanner(NearestFrontierPlanner(config.load("navigator", overrides).frontier_hysteresis_m))
+    agent = make_navigator(planner, sim_cfg, overrides)
+    sim, by_name = GridSimulator(sim_cfg), {s.name: s for s in scenes}
+    for episode in episodes:
+        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=config.load("episodes", overrides))
+        if len(planner.requests) >= at_least:
+            break
+    return planner.requests
+
+
+def serve_latency(app: str, requests: list[dict], n: int, warmup: int) -> dict:
+    """``serve_ms_p50`` / ``serve_ms_p99`` (and mean) of ``n`` decision requests through the app's
+    handle, one at a time, cycling through ``requests`` after ``warmup`` unmeasured ones."""
+    from ray import serve
+
+    if not requests:
+        raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
+    handle = serve.get_app_handle(app)
+    for i in range(warmup):
+        handle.decide.remote(requests[i % len(requests)]).result()
+    times, retrieval = [], []
+    for i in range(n):
+        started = time.perf_counter()
+        answer = handle.decide.remote(requests[i % len(requests)]).result()
+        times.append((time.perf_counter() - started) * 1e3)
+        retrieval.append(answer["retrieval_ms"])
+    sizes = [len(json.dumps(r)) for r in requests]
+    return {"serve_ms_p50": float(np.percentile(times, 50)), "serve_ms_p99": float(np.percentile(times, 99)),
+            "serve_ms_mean": float(np.mean(times)), "serve_retrieval_ms_p50": float(np.median(retrieval)),
+            "serve_requests": n, "serve_recorded_decisions": len(requests),
+            "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
+            "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
+
+
+def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[str], progress: bool) -> dict:
+    """The evaluation throughput and the Serve latency on one memory (given or built small)."""
+    from trajrag.distributed.evaluate import load_job_config
+    from trajrag.distributed.serve_planner import deploy_planner_app
+    from trajrag.world.datasets import load_episodes, load_scenes
+
+    memory_scenes = cfg.quick_eval_memory_scenes if quick else cfg.eval_memory_scenes
+    memory_per_scene = cfg.quick_eval_memory_episodes_per_scene if quick else cfg.eval_memory_episodes_per_scene
+    scene_spec = cfg.quick_eval_scenes if quick else cfg.eval_scenes
+    episode_spec = cfg.quick_eval_episodes if quick else cfg.eval_episodes
+    overrides = [*cfg.eval_overrides, *(cfg.quick_eval_overrides if quick else []), *user_overrides]
+    result: dict = {}
+    with tempfile.TemporaryDirectory(prefix="trajrag-bench-memory-") as tmp:
+        started = time.perf_counter()
+        if cfg.eval_store and cfg.eval_model:
+            store, model = cfg.eval_store, cfg.eval_model
+        else:
+            memory_overrides = [*cfg.eval_memory_overrides, *(cfg.quick_overrides if quick else [])]
+            store, model = small_memory(Path(tmp), memory_scenes, memory_per_scene,
+                                        [*memory_overrides, *user_overrides])
+        result["eval_memory_build_s"] = time.perf_counter() - started
+        overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *overrides]
+        scenes = load_scenes(scene_spec, overrides)
+        episodes = load_episodes(episode_spec, scenes, overrides)
+        started = time.perf_counter()
+        app, _ = deploy_planner_app(overrides, load_job_config(overrides).serve)
+        result["serve_deploy_s"] = time.perf_counter() - started
+        result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
+        requests = record_decisions(scenes, episodes, overrides)
+        n = cfg.quick_serve_requests if quick else cfg.serve_requests
+        result.update(serve_latency(app, requests, n, cfg.serve_warmup))
+    result.update(eval_scenes=scene_spec, eval_episodes_spec=episode_spec, eval_planner=cfg.eval_planner)
+    return result
+
+
 def run(args: argparse.Namespace) -> dict:
-    """One JSON object: ``corpus_traj_per_s_1``, ``corpus_traj_per_s_2`` and details."""
+    """One JSON object: ``corpus_traj_per_s_1/_2``, ``eval_episodes_per_h_1/_2``,
+    ``serve_ms_p50``, ``serve_ms_p99`` and details."""
     from trajrag.distributed.corpus import ensure_ray
+    from trajrag.distributed.evaluate import cpus_needed, load_job_config
 
     cfg: PipelineBenchConfig = config.load("pipeline_bench", args.overrides)
     if args.quick:
@@ -65,11 +245,14 @@ def run(args: argparse.Namespace) -> dict:
     else:
         scenes, per_scene, policy = cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy
         overrides = list(args.overrides)
-    # One Ray for all runs, with a logical CPU for each collector of the largest run.
-    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers))
+    # One Ray for all runs, with logical CPUs for the largest corpus run and the largest
+    # evaluation (its evaluators + the Serve replicas).
+    job = load_job_config(args.overrides, max(cfg.eval_workers))
+    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(cpus_needed(job, True))))
     try:
         result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), overrides,
                                    progress=not args.json)
+        result.update(eval_and_serve(cfg, args.quick, list(args.overrides), progress=not args.json))
     finally:
         if own_ray:
             import ray

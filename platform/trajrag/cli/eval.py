@@ -52,6 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="insert each finished episode into the store as it runs (writes to --store) "
                         "and record SR/SPL against episodes seen in <out>/<label>/lifelong.csv")
     parser.add_argument("--json", action="store_true", help="print the summary JSON only")
+    ray_group = parser.add_argument_group(
+        "Ray", "run the episodes on N evaluator actors (trajrag.distributed.evaluate; configs/eval_job.yaml); "
+        "the trajrag planner and retriever are then served by Ray Serve")
+    ray_group.add_argument("--workers", type=int, default=None, metavar="N",
+                           help="evaluator actors (implies the Ray job; default there: eval_job.evaluators)")
+    ray_group.add_argument("--shard", default="", metavar="I/N",
+                           help="evaluate only episode range I of N (0-based; implies the Ray job): split one "
+                           "evaluation over several jobs or machines writing to the same --out")
+    ray_group.add_argument("--ray-address", default=None, help="Ray cluster (implies the Ray job; default: "
+                           "$RAY_ADDRESS or a local Ray)")
+    ray_group.add_argument("--distributed", action="store_true", help="use the Ray job (jobs/evaluate.py sets it)")
     add_override_arg(parser)
     parser.set_defaults(func=eval_command)
 
@@ -109,8 +120,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
     print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r[0] for r in runs]} -> {out}", file=sys.stderr)
-    summaries = {}
+    summaries = _eval_on_ray(args, runs, paths, scenes, episodes, out) if _distributed(args) else {}
     for label, planner, variant_overrides in runs:
+        if label in summaries:  # done by the Ray job
+            continue
         overrides = [*paths, *variant_overrides, *args.overrides]
         on_episode = _lifelong(label, planner, overrides, out) if args.lifelong else None
         summary = evaluate_agent(label, lambda: make_agent(planner, sim_cfg, overrides), sim, episodes,
@@ -124,6 +137,33 @@ def _evaluate(args: argparse.Namespace) -> int:
     if not args.json:
         print(table, file=sys.stderr)
     return 0
+
+
+def _distributed(args: argparse.Namespace) -> bool:
+    return bool(args.distributed or args.workers is not None or args.shard or args.ray_address)
+
+
+def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episodes, out: Path) -> dict:
+    """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray."""
+    from trajrag.distributed.evaluate import SERVED_PLANNERS, evaluate_ray, load_job_config, parse_shard, ray_for_eval
+
+    if args.lifelong:
+        raise UserError("--lifelong inserts into the store as episodes finish, in one process: "
+                        "run it without --workers/--shard/--ray-address")
+    try:
+        shard = parse_shard(args.shard)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    cfg = load_job_config(args.overrides, args.workers)
+    served = any(planner in SERVED_PLANNERS for _, planner, _ in runs)
+    summaries = {}
+    with ray_for_eval(args.ray_address, cfg, served):
+        for label, planner, variant_overrides in runs:
+            overrides = [*paths, *variant_overrides, *args.overrides]
+            summary = evaluate_ray(label, planner, scenes, episodes, out, overrides, workers=args.workers,
+                                   shard=shard, progress=not args.json)
+            summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
+    return summaries
 
 
 def _lifelong(label: str, planner: str, overrides: list[str], out: Path):

@@ -1,8 +1,17 @@
-"""``trajrag run``: the main job on the embedded default (what ``make run`` calls).
+"""``trajrag run``: the whole pipeline, small, on the embedded default (what ``make run`` calls).
 
-Today: procedural val scenes -> generated ObjectNav episodes -> each agent in ``agents`` ->
-per-episode records, a results table (markdown + CSV) and a picture of an episode. Re-running
-the same command skips finished episodes.
+1. **corpus**: ObjectNav episodes on procedural *train* homes, collected by Ray actors (oracle
+   and exploration walks mixed), converted to topo-polar chunks and grouped into the LanceDB
+   memory ``<out>/memory``;
+2. **encoder**: f_E trained on Ray Train (``<out>/model``), evaluated on held-out scenes
+   (``<out>/encoder_eval.json``) and the chunk embeddings written into the memory;
+3. **evaluation**: each agent (TrajRAG's retrieval-scoring planner and the baselines) on
+   generated episodes of procedural *val* homes: ``<out>/<agent>/episodes.jsonl``;
+4. **report**: ``<out>/results.md`` / ``results.csv``, ``episode.png`` (the agents' walks in one
+   episode) and ``decision.png`` (one TrajRAG decision with its retrieved experiences).
+
+Every stage resumes: the memory skips stored trajectories, a trained encoder is kept, finished
+episodes are skipped. Sizes and the shared overrides are in ``configs/run.yaml``.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,23 +28,31 @@ from trajrag.cli import add_override_arg
 
 @dataclass
 class RunConfig:
-    """``configs/run.yaml``: scenes and episodes specs (as in ``trajrag episodes check``), agent
-    names, output folder."""
+    """``configs/run.yaml``: the corpus, encoder and evaluation sizes, agents, output folder and
+    the overrides every stage shares."""
 
+    corpus_scenes: str
+    corpus_episodes_per_scene: int
+    corpus_policy: str
+    workers: int
+    encoder_epochs: int
     scenes: str
     episodes: str
     agents: list[str]
+    overrides: list[str]
     out: str
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run",
-        help="run the main job on the embedded default (make run)",
-        description="Scenes -> episodes -> agents -> metrics table, offline. Defaults in configs/run.yaml.",
+        help="run the whole pipeline small on the embedded default (make run)",
+        description="corpus (Ray collectors -> LanceDB memory) -> encoder (Ray Train) -> evaluation of "
+        "TrajRAG against the baselines -> results table and pictures, offline. Sizes in configs/run.yaml; "
+        "re-running resumes every stage.",
     )
-    parser.add_argument("--scenes", help="scene spec (default: run.scenes)")
-    parser.add_argument("--episodes", help="episode spec (default: run.episodes)")
+    parser.add_argument("--scenes", help="evaluation scene spec (default: run.scenes)")
+    parser.add_argument("--episodes", help="evaluation episode spec (default: run.episodes)")
     parser.add_argument("--agents", help="comma-separated agent names (default: run.agents)")
     parser.add_argument("--out", help="output folder (default: run.out)")
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
@@ -44,34 +62,106 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from trajrag import config
+
+    cfg: RunConfig = config.load("run", args.overrides)
+    out = Path(args.out or cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [*cfg.overrides, *args.overrides]
+    agents = args.agents.split(",") if args.agents else list(cfg.agents)
+    say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
+    seconds: dict[str, float] = {}
+    store, model = str(out / "memory"), str(out / "model")
+    if any(a in ("trajrag", "llm", "graphrag") for a in agents):
+        start = time.perf_counter()
+        corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
+        seconds["corpus"] = time.perf_counter() - start
+        start = time.perf_counter()
+        encoder = train_and_embed(cfg, store, model, overrides, say=say)
+        seconds["encoder"] = time.perf_counter() - start
+    else:
+        corpus = encoder = None
+    start = time.perf_counter()
+    summaries = evaluate(cfg, args, agents, out, [f"retrieval.store={store}", f"retrieval.model_dir={model}",
+                                                  *overrides], say)
+    seconds["evaluation"] = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"out": str(out), "corpus": corpus, "encoder": encoder, "summaries": summaries,
+                          "seconds": seconds}, default=str))
+    return 0
+
+
+def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: bool, say) -> dict:
+    """Stage 1: the corpus into ``store`` (Ray collectors; resumable)."""
+    from trajrag.distributed.corpus import build_corpus_ray
+
+    say(f"[1/4] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
+        f"({cfg.corpus_policy}), {cfg.workers} collectors -> {store}")
+    summary = build_corpus_ray(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
+                               overrides, workers=cfg.workers, progress=progress)
+    say(f"      {summary['chunks']} chunks in {summary['groups']} groups ({summary['traj_per_s']:.2f} trajectories/s)")
+    return {k: summary.get(k) for k in ("episodes_planned", "collected", "chunks", "groups", "decisions",
+                                        "traj_per_s")}
+
+
+def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say) -> dict:
+    """Stage 2: train f_E (kept when ``model`` already holds one) and embed every chunk."""
+    from trajrag.encoder import EncoderError
+    from trajrag.encoder.evaluate import embed_store, evaluate_encoder
+    from trajrag.encoder.model import read_meta
+    from trajrag.encoder.train import train_encoder
+
+    if not (Path(model) / "encoder.json").is_file():
+        say(f"[2/4] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
+        train_encoder(store, model, workers=cfg.workers,
+                      overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
+    else:
+        say(f"[2/4] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
+    try:
+        result = evaluate_encoder(store, model, overrides=overrides, write=False)
+        say("      held-out recall@5: trained {:.3f}, text {:.3f}, untrained {:.3f}".format(
+            *(result[k]["recall@5"] for k in ("trained", "text", "untrained"))))
+    except EncoderError as exc:  # too small a corpus to measure recall: say so, still embed
+        result = {"error": str(exc)}
+        say(f"      held-out recall not measured: {exc}")
+    result["embedded_chunks"] = embed_store(store, model, overrides)
+    (Path(model).parent / "encoder_eval.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: Path, overrides: list[str],
+             say) -> dict:
+    """Stages 3 and 4: every agent on the evaluation episodes, the table and the pictures."""
+    from trajrag import config
     from trajrag.agent.evaluate import evaluate_agent, render_episode_png, write_results_table
     from trajrag.agent.registry import make_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
-    cfg: RunConfig = config.load("run", args.overrides)
-    scene_spec = args.scenes or cfg.scenes
-    episode_spec = args.episodes or cfg.episodes
-    agents = args.agents.split(",") if args.agents else list(cfg.agents)
-    out = Path(args.out or cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    scenes = load_scenes(scene_spec, args.overrides)
-    episodes = load_episodes(episode_spec, scenes, args.overrides)
-    sim_cfg = config.load("sim", args.overrides)
-    episode_cfg = config.load("episodes", args.overrides)
+    scenes = load_scenes(args.scenes or cfg.scenes, overrides)
+    episodes = load_episodes(args.episodes or cfg.episodes, scenes, overrides)
+    sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
     sim = GridSimulator(sim_cfg)
-    print(f"{len(scenes)} scenes, {len(episodes)} episodes -> {out}", file=sys.stderr)
+    say(f"[3/4] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
     summaries = {}
     for name in agents:
-        summaries[name] = evaluate_agent(
-            name, lambda: make_agent(name, sim_cfg, args.overrides), sim, episodes, scenes, out,
-            episode_cfg, progress=not args.json)
+        summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim, episodes,
+                                         scenes, out, episode_cfg, progress=not args.json)
     table = write_results_table(summaries, out)
-    picture = render_episode_png(scenes, out, agents, out / "episode.png")
-    if args.json:
-        print(json.dumps({"out": str(out), "summaries": summaries}, default=str))
-    else:
-        print(table)
-        print(f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  picture: {picture}")
-    return 0
+    pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
+    if "trajrag" in agents:
+        pictures.append(decision_picture(sim, sim_cfg, episodes[0], scenes, episode_cfg, overrides, out))
+    say("[4/4] report\n" + table + f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  "
+        f"pictures: {', '.join(str(p) for p in pictures if p)}")
+    return summaries
+
+
+def decision_picture(sim, sim_cfg, episode, scenes, episode_cfg, overrides: list[str], out: Path) -> Path | None:
+    """``decision.png``: the most decisive TrajRAG decision of the first episode, replayed."""
+    from trajrag.agent.registry import make_agent
+    from trajrag.retrieval.viz import record_decisions, render_decision_png
+
+    scene = next(s for s in scenes if s.name == episode.scene_key)
+    decisions = record_decisions(make_agent("trajrag", sim_cfg, overrides), sim, episode, scene, episode_cfg)
+    if not decisions:
+        return None
+    return render_decision_png(max(decisions, key=lambda d: d.margin), out / "decision.png")

@@ -93,6 +93,33 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
     return updated
 
 
+def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names: Mapping[int, str],
+                 cfg: EncoderConfig) -> int:
+    """Write ``encoder``'s (a ``TrajectoryEncoder``) embedding of every record into ``store``."""
+    from trajrag.encoder.model import embed
+
+    data = encode_records(records, names, encoder.node_encoder)
+    every = np.arange(len(data))
+    z = embed(encoder.model, data.sequences(every), data.goal_vectors(every), cfg.eval.encode_batch)
+    return write_embeddings(store, data.ids, z, encoder.version, cfg.eval.write_batch)
+
+
+def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()) -> int:
+    """Embed every chunk of ``store`` (a writable ``MemoryStore`` or URI) with the model in
+    ``model_dir``; returns the chunks written."""
+    from trajrag.encoder.model import TrajectoryEncoder
+    from trajrag.memory.store import MemoryStore
+
+    cfg = load_config(overrides)
+    if not isinstance(store, MemoryStore):
+        store = MemoryStore(str(store))
+    encoder = TrajectoryEncoder(model_dir, batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
+    records, names = read_records(store)
+    written = embed_chunks(store, encoder, records, names, cfg)
+    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    return written
+
+
 def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,
                      overrides: Sequence[str] = (), write: bool = True,
                      node_encoder: Any = None) -> dict:
@@ -129,12 +156,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     queries = 0
     for name, z in embeddings.items():
         result[name], queries = recall_at_k(z, data.group, cfg.eval.ks)
-    written = 0
-    if write:
-        everything = encode_records(records, names, encoder.node_encoder)
-        every = np.arange(len(everything))
-        z_all = embed(encoder.model, everything.sequences(every), everything.goal_vectors(every), batch)
-        written = write_embeddings(store, everything.ids, z_all, encoder.version, cfg.eval.write_batch)
+    written = embed_chunks(store, encoder, records, names, cfg) if write else 0
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
                           "queries": queries, "written": written,

@@ -161,7 +161,7 @@ def packaged_gguf(package: str, filename: str = SMOLLM2_GGUF) -> Path:
 
 class _JsonObjectClosed:
     """Stops generation once the pre-filled JSON object is closed (braces balanced outside strings):
-    the rest would only be chatter, and every token costs ~70 ms on a laptop CPU."""
+    the rest would only be chatter, and every token costs ~70 ms on a 2-core CPU (DESIGN.md)."""
 
     def __init__(self, tokenizer, prompt_len: int, prefill: str) -> None:
         self.tokenizer, self.prompt_len, self.prefill = tokenizer, prompt_len, prefill
@@ -229,6 +229,10 @@ class LocalChatModel:
 
         inputs = self.tokenizer(self.prompt_text(messages, prefill), return_tensors="pt", add_special_tokens=False)
         prompt_len = inputs["input_ids"].shape[1]
+        context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        if context and prompt_len + max_tokens > context:
+            raise ChatError(f"local chat model {self.path.name}: prompt of {prompt_len} tokens + {max_tokens} "
+                            f"exceeds its context of {context} (lower the llm.planner *_chars budgets)")
         stops = StoppingCriteriaList([_JsonObjectClosed(self.tokenizer, prompt_len, prefill)]) \
             if prefill.lstrip().startswith("{") else None
         with self._lock, torch.inference_mode(), _torch_threads(self.torch_threads):

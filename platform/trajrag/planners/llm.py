@@ -241,9 +241,12 @@ def candidate_line(index: int, candidate: Any, cfg: LLMPlannerConfig) -> str:
 
 
 def experience_line(exp: Experience, cfg: LLMPlannerConfig) -> str:
+    """``  - past search for bed, reached, similarity 0.91: Node 1: ...`` (the description's tail)."""
     goal = exp.goal.replace("_", " ")
     outcome = "reached" if exp.success else "not reached"
-    text = tail(strip_goal_and_outcome(exp.description), cfg.experience_chars) if exp.description else "(no description)"
+    text = "(no description)"
+    if exp.description:
+        text = tail(strip_goal_and_outcome(exp.description), cfg.experience_chars)
     return f"  - past search for {goal}, {outcome}, similarity {exp.similarity:.2f}: {text}"
 
 
@@ -260,7 +263,7 @@ def experience_lines(retrieval: DecisionRetrieval, n_candidates: int, cfg: LLMPl
                 continue
             line = experience_line(exps[rank], cfg)
             if used + len(line) > cfg.experience_budget_chars:
-                return lines
+                continue  # a shorter line of another candidate may still fit
             lines[i].append(line)
             used += len(line)
     return lines

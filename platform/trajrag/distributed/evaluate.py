@@ -1,0 +1,616 @@
+"""ObjectNav evaluation on Ray: N evaluator actors, the driver as the single writer.
+
+The same episodes, records and summary as ``trajrag eval`` (``agent.evaluate.evaluate_agent``),
+spread over a Ray cluster:
+
+* **Plan.** The driver takes the episodes (optionally one range of them, ``shard=(i, n)``, so
+  several jobs or machines split one evaluation), reads the records already written under
+  ``<out>/<label>/`` and keeps only the episodes without one (resume).
+* **Planner.** For ``trajrag`` the planner and the retriever run as a Ray Serve application
+  (``distributed.serve_planner``): the evaluators' navigators decide through a ``RemotePlanner``
+  and a ``DeploymentHandle``, so the store and the encoder are loaded once per retriever replica,
+  not once per evaluator. The baselines (frontier, random, oracle) and the planners that bring
+  their own retrieval stack (llm, graphrag) run inside each evaluator as ``agent.registry`` makes
+  them.
+* **Evaluate.** ``EvaluatorWorker`` actors (a simulator + the agent each) pull shards of episodes
+  from the driver's queue and stream each finished episode back (a Ray streaming generator) as
+  its JSONL record, made by ``agent.evaluate._record`` after ``agent.episode_runner.run_episode``:
+  one implementation of the episode loop for both paths.
+* **Write.** The driver appends each record to the run's JSONL as it arrives (flushed per line):
+  ``episodes.jsonl``, or ``episodes.shard-I-of-N.jsonl`` for a shard, so each file has exactly one
+  writer. Resume reads every ``episodes*.jsonl`` of the run; a torn last line is dropped and
+  that episode runs again.
+* **Exactly once.** Records are keyed by ``(scene_key, episode_id)``. An evaluator that dies is
+  restarted by Ray (``evaluator_max_restarts``, then replaced); the episodes of its shards that
+  did not come back go to the front of the queue, one per shard, for any evaluator. A record whose
+  key was already written (a retried shard repeating an episode) is dropped, never duplicated.
+  A decision that fails because a Serve replica died is retried by the ``RemotePlanner``; an
+  episode whose planner stayed unreachable is re-queued like a crashed one.
+
+Actors rather than Ray Data, as in ``distributed.corpus``: evaluators are stateful (a simulator
+and a navigator with its map buffers, scene maps cached) and the writer must be one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import ray
+from ray.exceptions import ActorDiedError, RayError
+
+from trajrag.agent.evaluate import AgentRun
+from trajrag.distributed.corpus import FaultPlan, ensure_ray
+from trajrag.distributed.serve_planner import PlannerServeConfig
+
+# Planners whose decisions go through the Serve planner app (the others run in the evaluators).
+SERVED_PLANNERS = ("trajrag",)
+
+
+@dataclass
+class EvalJobConfig:
+    """``configs/eval_job.yaml``: evaluator pool, queues, retry budgets and the Serve app."""
+
+    evaluators: int
+    shard_episodes: int
+    shards_in_flight: int
+    max_unconsumed_episodes: int
+    evaluator_max_restarts: int
+    max_attempts: int
+    retry_interval_s: float
+    restart_timeout_s: float
+    scene_cache: int
+    evaluator_num_cpus: float
+    poll_s: float
+    serve: PlannerServeConfig
+
+
+class EvalJobError(RuntimeError):
+    """The job cannot go on (evaluators that cannot start, or do not come back)."""
+
+
+@dataclass
+class EvalFaultPlan:
+    """Fault injection for the fault tests: an evaluator's process exits (``os._exit``, like a
+    kill -9) after finishing its n-th episode, before streaming it back; once, through ``marker``
+    (a file created when it fires)."""
+
+    marker: str
+    evaluator_exit_after_episodes: int | None = None
+
+    def fire(self) -> None:
+        FaultPlan(self.marker).fire()
+
+
+@dataclass
+class EvalItem:
+    """One finished episode as an evaluator streams it: index into the planned episodes, its
+    JSONL record (None with ``error`` when it raised; ``transient``: the planner app was
+    unreachable, worth another try), wall and CPU seconds of the evaluator."""
+
+    index: int
+    record: dict | None = None
+    error: str = ""
+    transient: bool = False
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+class EvaluatorWorker:
+    """An evaluator actor: one simulator and one agent (navigator + planner)."""
+
+    def __init__(self, planner: str, overrides: Sequence[str], serve_app: str | None,
+                 serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None) -> None:
+        from trajrag import config
+        from trajrag.world.sim import GridSimulator
+
+        sim_cfg = config.load("sim", overrides)
+        self.sim = GridSimulator(sim_cfg)
+        self.episode_cfg = config.load("episodes", overrides)
+        self.agent = make_evaluator_agent(planner, sim_cfg, overrides, serve_app, serve_cfg)
+        self.scene_cache, self.fault = scene_cache, fault
+        self.scenes: OrderedDict[str, Any] = OrderedDict()
+        self.finished = 0
+
+    def _scene(self, name: str, refs: dict[str, Any]) -> Any:
+        """Scene ``name`` from the object store, the last ``scene_cache`` kept (shards are runs of
+        scene-ordered episodes)."""
+        if name not in self.scenes:
+            self.scenes[name] = ray.get(refs[name])
+            while len(self.scenes) > self.scene_cache:
+                self.scenes.popitem(last=False)
+        self.scenes.move_to_end(name)
+        return self.scenes[name]
+
+    def evaluate(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
+        """Run ``episodes`` (planned ``indices``) one by one, yielding an ``EvalItem`` each."""
+        from trajrag.agent.episode_runner import run_episode
+        from trajrag.agent.evaluate import _record
+        from trajrag.distributed.serve_planner import ServeUnavailableError
+
+        for index, episode in zip(indices, episodes):
+            started, cpu = time.perf_counter(), time.process_time()
+            try:
+                scene = self._scene(episode.scene_key, scene_refs)
+                result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
+                item = EvalItem(index, record=_record(result, self.agent))
+            except ServeUnavailableError as exc:
+                item = EvalItem(index, error=str(exc), transient=True)
+            except Exception as exc:  # noqa: BLE001 - one bad episode never stops an evaluator
+                item = EvalItem(index, error=f"{type(exc).__name__}: {exc}")
+            item.seconds = time.perf_counter() - started
+            item.cpu_seconds = time.process_time() - cpu
+            self.finished += 1
+            if self.fault and self.fault.evaluator_exit_after_episodes == self.finished:
+                self.fault.fire()
+            yield item
+
+    def ping(self) -> bool:
+        """Answers once the actor is up (start-up check, liveness after a failure)."""
+        return True
+
+
+def make_evaluator_agent(planner: str, sim_cfg: Any, overrides: Sequence[str], serve_app: str | None,
+                         serve_cfg: PlannerServeConfig) -> Any:
+    """The agent of an evaluator: the navigator with a ``RemotePlanner`` on app ``serve_app``, or
+    the registry's agent ``planner`` when no app is given."""
+    if serve_app:
+        from trajrag.agent.navigator import make_navigator
+        from trajrag.distributed.serve_planner import RemotePlanner
+
+        return make_navigator(RemotePlanner(serve_app, serve_cfg), sim_cfg, overrides, seed=0)
+    from trajrag.agent.registry import make_agent
+
+    return make_agent(planner, sim_cfg, overrides)
+
+
+# -- records: one writer per file, every file read on resume --------------------------------------
+@dataclass
+class ShardedRun(AgentRun):
+    """``AgentRun`` whose records may be split by shard: this job writes ``records``
+    (``episodes.jsonl``, or ``episodes.shard-I-of-N.jsonl``); ``finished`` reads them all."""
+
+    shard: tuple[int, int] | None = None
+
+    @property
+    def records(self) -> Path:
+        if self.shard is None or self.shard[1] == 1:
+            return self.directory / "episodes.jsonl"
+        i, n = self.shard
+        return self.directory / f"episodes.shard-{i}-of-{n}.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        if self.shard is None or self.shard[1] == 1:
+            return self.directory / "summary.json"
+        i, n = self.shard
+        return self.directory / f"summary.shard-{i}-of-{n}.json"
+
+    def finished(self) -> dict[tuple[str, str], dict]:
+        done: dict[tuple[str, str], dict] = {}
+        for path in sorted(self.directory.glob("episodes*.jsonl")):
+            for key, record in _OneFile(self.name, self.directory, path).finished().items():
+                done.setdefault(key, record)
+        return done
+
+
+@dataclass
+class _OneFile(AgentRun):
+    path: Path = Path()
+
+    @property
+    def records(self) -> Path:
+        return self.path
+
+
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """``"I/N"`` (0 <= I < N) -> ``(I, N)``; None or "" -> None. ``ValueError`` names the spec."""
+    if not spec:
+        return None
+    try:
+        i, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected I/N, e.g. 0/4 (episode range I of N, from 0)") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {spec!r}: need 0 <= I < N")
+    return i, n
+
+
+def shard_range(n_episodes: int, shard: tuple[int, int] | None) -> range:
+    """The contiguous episode range of ``shard`` (all episodes when None)."""
+    if shard is None:
+        return range(n_episodes)
+    i, n = shard
+    return range(i * n_episodes // n, (i + 1) * n_episodes // n)
+
+
+def episode_key(episode: Any) -> tuple[str, str]:
+    return (episode.scene_key, str(episode.episode_id))
+
+
+# -- the driver -----------------------------------------------------------------------------------
+@dataclass
+class _Shard:
+    indices: list[int]
+    attempts: int = 0
+
+
+@dataclass
+class _Run:
+    """A shard streaming from the evaluator in slot ``slot`` (``actor``: the handle it went to)."""
+
+    shard: _Shard
+    slot: int
+    actor: Any
+    received: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Down:
+    """An evaluator that failed a call, pinged until it answers (Ray restarts it meanwhile)."""
+
+    since: float
+    ref: Any = None
+    retry_at: float = 0.0
+
+
+@dataclass
+class _SlotStats:
+    episodes: int = 0
+    busy_s: float = 0.0
+    cpu_s: float = 0.0
+    replaced: int = 0
+
+
+class _EvalPipeline:
+    """The driver's event loop: work queue -> evaluators -> records file."""
+
+    def __init__(self, cfg: EvalJobConfig, workers: int, todo: Sequence[int], episodes: Sequence[Any],
+                 scene_refs: dict[str, Any], make_evaluator: Callable[[], Any], sink: Any,
+                 done: dict, bar: Any, on_record: Callable[[dict], None] | None) -> None:
+        self.cfg, self.episodes, self.scene_refs = cfg, episodes, scene_refs
+        self.make_evaluator, self.sink, self.done, self.bar, self.on_record = (
+            make_evaluator, sink, done, bar, on_record)
+        step = max(1, min(cfg.shard_episodes, -(-len(todo) // (workers * cfg.shards_in_flight))))
+        self.queue = deque(_Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
+        self.actors = [make_evaluator() for _ in range(min(workers, len(self.queue)))]
+        self.slots = [_SlotStats() for _ in self.actors]
+        self.runs: dict[Any, _Run] = {}
+        self.down: dict[int, _Down] = {}
+        self.failed: dict[str, str] = {}
+        self.counts: Counter = Counter()
+        self.started = time.perf_counter()
+        self.seconds = 0.0  # the pipeline's wall time, set when it has run
+
+    def check_started(self) -> None:
+        """Wait for every evaluator to be up: a config or store error surfaces here, once."""
+        try:
+            ray.get([actor.ping.remote() for actor in self.actors])
+        except RayError as exc:
+            raise EvalJobError(f"an evaluator could not start: {_first_line(exc)}") from None
+
+    def run(self) -> None:
+        while self.queue or self.runs:
+            self._ping_down()
+            self._submit()
+            self._wait()
+
+    def _submit(self) -> None:
+        """Hand out shards round-robin, up to ``shards_in_flight`` per evaluator."""
+        busy = Counter(run.slot for run in self.runs.values())
+        while self.queue:
+            free = [s for s in range(len(self.actors)) if s not in self.down and busy[s] < self.cfg.shards_in_flight]
+            if not free:
+                return
+            for slot in free:
+                if not self.queue:
+                    return
+                shard, actor = self.queue.popleft(), self.actors[slot]
+                episodes = [self.episodes[i] for i in shard.indices]
+                gen = actor.evaluate.options(
+                    _generator_backpressure_num_objects=self.cfg.max_unconsumed_episodes,
+                ).remote(shard.indices, episodes, {e.scene_key: self.scene_refs[e.scene_key] for e in episodes})
+                self.runs[gen] = _Run(shard, slot, actor)
+                busy[slot] += 1
+
+    def _wait(self) -> None:
+        pings = {d.ref: slot for slot, d in self.down.items() if d.ref is not None}
+        waitables = list(self.runs) + list(pings)
+        timeout = self.cfg.poll_s
+        if any(d.ref is None for d in self.down.values()):
+            timeout = min(timeout, self.cfg.retry_interval_s)
+        if not waitables:
+            time.sleep(timeout)
+            return
+        ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
+        for ref in ready:
+            if ref in pings:
+                self._on_ping(pings[ref], ref)
+            else:
+                self._on_stream(ref)
+        self._refresh_bar()
+
+    # -- evaluators that failed ---------------------------------------------------------------
+    def _ping_down(self) -> None:
+        now = time.perf_counter()
+        for slot, down in self.down.items():
+            if down.ref is None and now >= down.retry_at:
+                down.ref = self.actors[slot].ping.remote()
+
+    def _on_ping(self, slot: int, ref: Any) -> None:
+        down = self.down[slot]
+        try:
+            ray.get(ref)
+        except ActorDiedError as exc:  # out of restarts: a fresh actor
+            if self.slots[slot].replaced >= self.cfg.max_attempts:
+                raise EvalJobError(f"evaluator {slot} was replaced {self.slots[slot].replaced} times and "
+                                   f"died again: {_first_line(exc)}") from None
+            ray.kill(self.actors[slot], no_restart=True)
+            self.actors[slot] = self.make_evaluator()
+            self.slots[slot].replaced += 1
+        except RayError as exc:  # still restarting
+            waited = time.perf_counter() - down.since
+            if waited > self.cfg.restart_timeout_s:
+                raise EvalJobError(f"evaluator {slot} has not come back after {waited:.0f} s: "
+                                   f"{_first_line(exc)}") from None
+            down.ref, down.retry_at = None, time.perf_counter() + self.cfg.retry_interval_s
+            return
+        del self.down[slot]
+
+    # -- results ------------------------------------------------------------------------------
+    def _on_stream(self, gen: Any) -> None:
+        run = self.runs[gen]
+        try:
+            item = ray.get(next(gen))
+        except StopIteration:
+            del self.runs[gen]
+            self._requeue(run, "stream ended early")  # no-op when every episode came back
+            return
+        except RayError as exc:
+            del self.runs[gen]
+            self.counts["evaluator_interruptions"] += 1
+            if self.actors[run.slot] is run.actor and run.slot not in self.down:
+                self.down[run.slot] = _Down(since=time.perf_counter())
+            self._requeue(run, f"{type(exc).__name__}: {_first_line(exc)}")
+            return
+        run.received.add(item.index)
+        self._accept(run, item)
+
+    def _accept(self, run: _Run, item: EvalItem) -> None:
+        episode = self.episodes[item.index]
+        key = episode_key(episode)
+        if item.error:
+            if item.transient and run.shard.attempts + 1 < self.cfg.max_attempts:
+                self.queue.append(_Shard([item.index], run.shard.attempts + 1))
+                self.counts["episodes_requeued"] += 1
+                return
+            self.failed["/".join(key)] = item.error
+            self.bar.update(1)
+            return
+        if key in self.done:  # a retried shard repeated an episode: keep the first record
+            self.counts["duplicates_dropped"] += 1
+            return
+        self.sink.write(json.dumps(item.record) + "\n")
+        self.sink.flush()
+        self.done[key] = item.record
+        stats = self.slots[run.slot]
+        stats.episodes += 1
+        stats.busy_s += item.seconds
+        stats.cpu_s += item.cpu_seconds
+        self.counts["evaluated"] += 1
+        self.bar.update(1)
+        if self.on_record is not None:
+            self.on_record(item.record)
+
+    def _requeue(self, run: _Run, reason: str) -> None:
+        """The episodes of ``run`` that did not come back go to the front, one per shard."""
+        left = [i for i in run.shard.indices if i not in run.received]
+        attempts = run.shard.attempts + 1
+        for index in reversed(left):
+            if attempts >= self.cfg.max_attempts:
+                self.failed["/".join(episode_key(self.episodes[index]))] = (
+                    f"evaluator failed {attempts} times: {reason}")
+                self.bar.update(1)
+            else:
+                self.queue.appendleft(_Shard([index], attempts))
+                self.counts["episodes_requeued"] += 1
+
+    def _refresh_bar(self) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix(ep_per_h=f"{self.counts['evaluated'] * 3600 / elapsed:.0f}",
+                             failed=len(self.failed), refresh=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message of an actor error without Ray's traceback (the cause's last line)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+# -- entry points ---------------------------------------------------------------------------------
+def load_job_config(overrides: Sequence[str] = (), workers: int | None = None) -> EvalJobConfig:
+    """``configs/eval_job.yaml`` (+ overrides), ``workers`` replacing ``evaluators`` if given."""
+    from trajrag import config
+    from trajrag.cli import UserError
+
+    cfg: EvalJobConfig = config.load("eval_job", overrides)
+    if workers is not None:
+        cfg.evaluators = int(workers)
+    if cfg.evaluators < 1:
+        raise UserError(f"the Ray evaluation needs at least 1 evaluator, got {cfg.evaluators}")
+    return cfg
+
+
+def cpus_needed(cfg: EvalJobConfig, served: bool) -> float:
+    """Logical CPUs the job reserves: evaluators, plus the Serve replicas when it serves."""
+    serve = cfg.serve
+    replicas = (serve.retriever_replicas * serve.retriever_num_cpus +
+                serve.planner_replicas * serve.planner_num_cpus) if served else 0.0
+    return cfg.evaluators * cfg.evaluator_num_cpus + replicas
+
+
+@contextlib.contextmanager
+def ray_for_eval(address: str | None, cfg: EvalJobConfig, served: bool) -> Iterator[None]:
+    """Use the running Ray, or ``address``, or a local Ray big enough for the job (shut down at
+    the end when started here)."""
+    own = ensure_ray(address, max(os.cpu_count() or 1, math.ceil(cpus_needed(cfg, served))))
+    try:
+        yield
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequence[Any], out_dir: Path | str,
+                 overrides: Sequence[str] = (), *, workers: int | None = None, shard: tuple[int, int] | None = None,
+                 progress: bool = True, ray_address: str | None = None, faults: EvalFaultPlan | None = None,
+                 on_record: Callable[[dict], None] | None = None) -> dict:
+    """Evaluate ``planner`` on ``episodes`` (the ``shard`` range of them) with ``workers``
+    evaluator actors (default ``eval_job.evaluators``); records under ``<out_dir>/<label>/``.
+
+    Returns ``trajrag eval``'s summary (``episodes``, ``sr``, ``spl``, ``dtg_m``, ``planner_calls``,
+    ``fallbacks``, ``retrieval_ms_p50``, per category...) over the shard's finished episodes, plus
+    the job's counts, ``episodes_per_h``, seconds per stage, Serve latencies and fault handling.
+    ``on_record(record)`` runs in the driver after each record is written.
+    """
+    from trajrag.cli import UserError
+
+    started = time.perf_counter()
+    cfg = load_job_config(overrides, workers)
+    served = planner in SERVED_PLANNERS
+    keys = [episode_key(e) for e in episodes]
+    repeated = [k for k, n in Counter(keys).items() if n > 1]
+    if repeated:
+        raise UserError(f"episode {'/'.join(repeated[0])} appears twice: episode ids must be unique per scene")
+    run = ShardedRun(label, Path(out_dir) / label, shard)
+    run.directory.mkdir(parents=True, exist_ok=True)
+    done = run.finished()
+    wanted = list(shard_range(len(episodes), shard))
+    todo = [i for i in wanted if keys[i] not in done]
+    with ray_for_eval(ray_address, cfg, served):
+        app, deployed, deploy_s = None, False, 0.0
+        if todo and served:
+            app, deployed, deploy_s = _deploy(overrides, cfg.serve)
+        try:
+            pipe = _run_pipeline(cfg, label, planner, list(overrides), scenes, episodes, todo, app, run,
+                                 done, progress, faults, on_record) if todo else None
+        finally:
+            if deployed and not cfg.serve.keep_app:
+                from trajrag.distributed.serve_planner import delete_planner_app
+
+                delete_planner_app(app)
+    total_s = time.perf_counter() - started
+    return _summarize(run, episodes, keys, wanted, todo, pipe, cfg, planner, app, deploy_s, total_s)
+
+
+def _deploy(overrides: Sequence[str], serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:
+    from trajrag.cli import UserError
+    from trajrag.distributed.serve_planner import deploy_planner_app
+
+    started = time.perf_counter()
+    try:
+        app, deployed = deploy_planner_app(overrides, serve_cfg)
+    except RuntimeError as exc:
+        raise UserError(str(exc)) from None
+    return app, deployed, time.perf_counter() - started
+
+
+def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, overrides: list[str], scenes: Sequence[Any],
+                  episodes: Sequence[Any], todo: list[int], app: str | None, run: ShardedRun, done: dict,
+                  progress: bool, faults: EvalFaultPlan | None,
+                  on_record: Callable[[dict], None] | None) -> _EvalPipeline:
+    from tqdm import tqdm
+
+    needed = {episodes[i].scene_key for i in todo}
+    scene_refs = {s.name: ray.put(s) for s in scenes if s.name in needed}
+    missing = needed - set(scene_refs)
+    if missing:
+        from trajrag.cli import UserError
+
+        raise UserError(f"episodes of scene(s) {sorted(missing)[:3]} but no such scene was loaded")
+    evaluator_cls = ray.remote(EvaluatorWorker).options(
+        num_cpus=cfg.evaluator_num_cpus, max_restarts=cfg.evaluator_max_restarts, max_task_retries=0)
+    made: list[Any] = []
+
+    def make_evaluator() -> Any:
+        actor = evaluator_cls.remote(planner, overrides, app, cfg.serve, cfg.scene_cache, faults)
+        made.append(actor)
+        return actor
+
+    try:
+        with run.records.open("a") as sink, tqdm(total=len(todo), desc=f"eval {label} x{cfg.evaluators}",
+                                                 unit="ep", disable=not progress, file=sys.stderr) as bar:
+            pipe = _EvalPipeline(cfg, cfg.evaluators, todo, episodes, scene_refs, make_evaluator, sink,
+                                 done, bar, on_record)
+            pipe.check_started()
+            pipe.run()
+    finally:
+        for actor in made:
+            ray.kill(actor, no_restart=True)
+    pipe.seconds = time.perf_counter() - pipe.started
+    return pipe
+
+
+def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: list[int], todo: list[int],
+               pipe: _EvalPipeline | None, cfg: EvalJobConfig, planner: str, app: str | None,
+               deploy_s: float, total_s: float) -> dict:
+    """``trajrag eval``'s summary over the shard's finished episodes, plus the job's numbers;
+    written to the run's summary file (and to ``summary.json`` once every episode is done)."""
+    done = run.finished()
+    summary = records_summary([done[keys[i]] for i in wanted if keys[i] in done])
+    counts = pipe.counts if pipe else Counter()
+    pipeline_s = pipe.seconds if pipe else 0.0
+    serve_ms = [t for i in todo if keys[i] in done
+                for t in done[keys[i]].get("planner_stats", {}).get("serve_ms", [])]
+    summary.update({
+        "planner": planner,
+        "workers": cfg.evaluators,
+        "shard": None if run.shard is None else f"{run.shard[0]}/{run.shard[1]}",
+        "episodes_planned": len(wanted),
+        "skipped_already_done": len(wanted) - len(todo),
+        "evaluated": counts["evaluated"],
+        "failed": len(pipe.failed) if pipe else 0,
+        "failed_episodes": dict(sorted(pipe.failed.items())) if pipe else {},
+        "complete": all(k in done for k in keys),
+        "episodes_per_h": counts["evaluated"] * 3600.0 / pipeline_s if pipeline_s > 0 else 0.0,
+        "serve_app": app,
+        "serve_ms_p50": float(np.percentile(serve_ms, 50)) if serve_ms else None,
+        "serve_ms_p99": float(np.percentile(serve_ms, 99)) if serve_ms else None,
+        "seconds": {"serve_deploy": deploy_s, "pipeline": pipeline_s, "total": total_s},
+        "cpu_seconds": {"evaluate": sum(s.cpu_s for s in pipe.slots) if pipe else 0.0},
+        "actors": {"evaluators": [{"episodes": s.episodes, "busy_s": s.busy_s, "cpu_s": s.cpu_s,
+                                   "replaced": s.replaced} for s in (pipe.slots if pipe else [])]},
+        "faults": {k: counts[k] for k in ("evaluator_interruptions", "episodes_requeued", "duplicates_dropped")},
+    })
+    _write_json(run.summary_path, summary)
+    if run.summary_path.name != "summary.json" and summary["complete"]:
+        _write_json(run.directory / "summary.json",
+                    {**records_summary([done[k] for k in sorted(set(keys))]), "planner": planner})
+    return summary
+
+
+def records_summary(records: Sequence[dict]) -> dict:
+    """``evaluate_agent``'s summary of finished records: metric means and planner counters."""
+    from trajrag.agent.evaluate import _metrics, planner_counters
+    from trajrag.world.metrics import summarize
+
+    summary = summarize([_metrics(r["metrics"]) for r in records])
+    summary.update(planner_counters(records))
+    return summary
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from trajrag.agent.evaluate import _json_default
+
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+    tmp.replace(path)

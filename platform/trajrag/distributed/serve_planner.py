@@ -1,0 +1,442 @@
+"""The TrajRAG planner and retriever as Ray Serve deployments, and the planner that calls them.
+
+One Serve application per planner configuration:
+
+* ``RetrieverDeployment`` (deployment ``Retriever``) wraps ``retrieval.load_retriever(overrides)``:
+  the store's chunks, summaries and the encoder, loaded once per replica (~10 s, hundreds of MB
+  for large stores). ``retrieve({"goal", "candidates"}) -> {"experiences", "names", ...}``.
+* ``PlannerDeployment`` (deployment ``Planner``, the ingress) holds the ``ScoringPlanner``'s
+  scoring (``configs/scoring.yaml``) and calls the retriever through its ``DeploymentHandle``.
+  ``decide(request) -> {"choice", "scores", "retrieval_ms", ...}`` inside the cluster; the same
+  over HTTP as ``POST <route_prefix>/<app>`` with a JSON body, on the Serve proxy bound to
+  ``127.0.0.1`` by default (``configs/eval_job.yaml`` ``serve.host``).
+* ``RemotePlanner`` implements ``planners.base.Planner`` for the evaluator actors: each decision
+  becomes one request to the Planner deployment through a handle.
+
+Requests and responses are JSON-safe dicts (``decision_request``; candidate trajectories as
+``TopoPolarTrajectory.to_dict``, ``inf`` distances as ``null``): nothing user-defined is pickled
+and the HTTP ingress takes the very same body. Replica counts, ``max_ongoing_requests`` and the
+retry budget come from ``configs/eval_job.yaml`` (``serve``): Serve's default of 5 ongoing
+requests per replica throttles many concurrent callers badly (DESIGN.md).
+
+A replica that dies (killed, OOM) is replaced by the Serve controller; ``RemotePlanner`` retries a
+failed decision with backoff for up to ``request_retry_s`` seconds (a decision is a pure function
+of its request, so a retry is safe), so an evaluation survives replica restarts unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from trajrag.planners.base import PlannerContext
+from trajrag.retrieval.types import DecisionRetrieval, Experience
+
+log = logging.getLogger(__name__)
+
+RETRIEVER, PLANNER = "Retriever", "Planner"
+# Overrides that change what the app computes (and so its name): retrieval, matching, encoder
+# and scoring. Navigation overrides (topo, mapping, ...) act in the evaluators, not here.
+APP_SECTIONS = ("retrieval.", "memory.", "encoder.", "scoring.")
+
+
+@dataclass
+class PlannerServeConfig:
+    """``eval_job.serve`` in ``configs/eval_job.yaml``: the planner app's sizing and addresses."""
+
+    app_name: str
+    http: bool
+    host: str
+    port: int
+    route_prefix: str
+    retriever_replicas: int
+    retriever_max_ongoing_requests: int
+    retriever_num_cpus: float
+    planner_replicas: int
+    planner_max_ongoing_requests: int
+    planner_num_cpus: float
+    health_check_period_s: float
+    request_timeout_s: float
+    request_retry_s: float
+    retry_backoff_s: float
+    keep_app: bool
+
+
+class PlannerRequestError(ValueError):
+    """A decision request that cannot be served (malformed payload): never retried."""
+
+
+class ServeUnavailableError(RuntimeError):
+    """The planner app did not answer within the retry budget (``request_retry_s``)."""
+
+
+# -- the wire format ------------------------------------------------------------------------------
+def decision_request(ctx: PlannerContext) -> dict:
+    """The JSON-safe request of one decision: the goal, the previous waypoint and, per
+    candidate, its hypothetical trajectory, path length, geodesic distance to its frontier
+    (``None`` = not found) and the frontier's centroid (map-frame metres)."""
+    candidates = []
+    for c in ctx.candidates:
+        distance = float(ctx.frontier_distances[c.frontier_index])
+        centroid = np.asarray(ctx.frontiers[c.frontier_index].centroid_xy, dtype=float)
+        candidates.append({"trajectory": c.trajectory.to_dict(), "length_m": float(c.length_m),
+                           "frontier_distance_m": distance if math.isfinite(distance) else None,
+                           "frontier_xy": centroid.tolist()})
+    waypoint = None if ctx.current_waypoint is None else np.asarray(ctx.current_waypoint, float).tolist()
+    return {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint, "candidates": candidates}
+
+
+@dataclass
+class _FrontierPoint:
+    """The part of a ``Frontier`` that scoring reads."""
+
+    centroid_xy: np.ndarray
+
+
+def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
+    """The ``PlannerContext`` scoring needs (candidate ``i`` -> frontier ``i``) and the candidate
+    trajectories; ``PlannerRequestError`` naming the first bad field."""
+    from trajrag.topo.candidates import CandidatePath
+    from trajrag.topo.trajectory import TopoPolarTrajectory
+
+    if not isinstance(request, Mapping):
+        raise PlannerRequestError("a decision request must be a JSON object")
+    goal, raw = request.get("goal"), request.get("candidates")
+    if not isinstance(goal, str) or not goal:
+        raise PlannerRequestError("decision request: 'goal' must be a non-empty string")
+    if not isinstance(raw, list) or not raw:
+        raise PlannerRequestError("decision request: 'candidates' must be a non-empty list")
+    candidates, frontiers, distances = [], [], []
+    for i, item in enumerate(raw):
+        try:
+            trajectory = TopoPolarTrajectory.from_dict(item["trajectory"])
+            centroid = np.asarray(item["frontier_xy"], dtype=float).reshape(2)
+            length = float(item["length_m"])
+            distance = item.get("frontier_distance_m")
+            distance = math.inf if distance is None else float(distance)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlannerRequestError(f"decision request: candidate {i}: {type(exc).__name__}: {exc}") from None
+        candidates.append(CandidatePath(frontier_index=i, node_path=np.zeros(0, dtype=np.int64),
+                                        length_m=length, trajectory=trajectory))
+        frontiers.append(_FrontierPoint(centroid))
+        distances.append(distance)
+    waypoint = request.get("current_waypoint")
+    try:
+        waypoint = None if waypoint is None else np.asarray(waypoint, dtype=float).reshape(2)
+    except (TypeError, ValueError):
+        raise PlannerRequestError("decision request: 'current_waypoint' must be [x, y] or null") from None
+    ctx = PlannerContext(goal=goal, step=int(request.get("step", 0)), pose=None, sem_map=None,
+                         trajectory=candidates[0].trajectory, candidates=candidates, frontiers=frontiers,
+                         frontier_distances=np.asarray(distances, dtype=float), current_waypoint=waypoint)
+    return ctx, [c.trajectory for c in candidates]
+
+
+def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
+    """A ``DecisionRetrieval`` as plain lists and scalars (label ids as string keys)."""
+    return {
+        "experiences": [[_experience_to_dict(e) for e in exps] for exps in retrieval.experiences],
+        "names": {str(k): v for k, v in retrieval.names.items()},
+        "coarse_ms": float(retrieval.coarse_ms), "fine_ms": float(retrieval.fine_ms),
+    }
+
+
+def _experience_to_dict(e: Experience) -> dict:
+    return {"trajectory_id": e.trajectory_id, "group_id": int(e.group_id), "goal": e.goal,
+            "success": bool(e.success), "similarity": float(e.similarity),
+            "coarse_score": float(e.coarse_score), "description": e.description, "scene_hint": e.scene_hint,
+            "sectors": np.asarray(e.sectors).tolist(), "node_xy": np.asarray(e.node_xy).tolist()}
+
+
+def retrieval_from_dict(data: Mapping[str, Any]) -> DecisionRetrieval:
+    """Inverse of ``retrieval_to_dict``."""
+    experiences = [[Experience(**{**e, "sectors": np.asarray(e["sectors"], dtype=np.int16).reshape(-1, 12),
+                                  "node_xy": np.asarray(e["node_xy"], dtype=float).reshape(-1, 2)})
+                    for e in exps] for exps in data["experiences"]]
+    names = {int(k): v for k, v in data["names"].items()}
+    return DecisionRetrieval(experiences, names, float(data["coarse_ms"]), float(data["fine_ms"]))
+
+
+# -- the deployments ------------------------------------------------------------------------------
+class RetrieverDeployment:
+    """A replica of the retriever: ``load_retriever(overrides)`` once, then one retrieval per call.
+
+    Retrievals are serialised by a lock: Serve runs sync methods in a thread pool, the retriever
+    caches per query (not thread-safe), and its work is CPU-bound Python, so threads would only
+    interleave. ``max_ongoing_requests`` bounds the queue per replica; more replicas scale it.
+    """
+
+    def __init__(self, overrides: Sequence[str]) -> None:
+        from trajrag.retrieval.retriever import load_retriever
+
+        self.retriever = load_retriever(list(overrides))
+        self.lock = threading.Lock()
+
+    def retrieve(self, request: Mapping[str, Any]) -> dict:
+        """``{"goal": str, "candidates": [trajectory dict, ...]}`` -> ``retrieval_to_dict``."""
+        from trajrag.topo.trajectory import TopoPolarTrajectory
+
+        try:
+            goal = str(request["goal"])
+            trajectories = [TopoPolarTrajectory.from_dict(t) for t in request["candidates"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlannerRequestError(f"retrieval request: {type(exc).__name__}: {exc}") from None
+        with self.lock:
+            return retrieval_to_dict(self.retriever.retrieve(trajectories, goal))
+
+
+class PlannerDeployment:
+    """A replica of the planner (the app's ingress): scoring over the Retriever's answer.
+
+    ``decide`` for handles, ``__call__`` for HTTP (POST a ``decision_request`` JSON body).
+    """
+
+    def __init__(self, retriever: Any, overrides: Sequence[str]) -> None:
+        from trajrag import config
+        from trajrag.planners.scoring import ScoringPlanner
+
+        self.retriever = retriever  # DeploymentHandle of the Retriever deployment
+        self.scorer = ScoringPlanner(None, config.load("scoring", list(overrides)))
+
+    async def decide(self, request: Mapping[str, Any]) -> dict:
+        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms"}``
+        (milliseconds; ``retrieval_ms`` is the retriever's own compute time)."""
+        started = time.perf_counter()
+        ctx, trajectories = context_from_request(request)
+        answer = await self.retriever.retrieve.remote(
+            {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]]})
+        retrieval = retrieval_from_dict(answer)
+        if len(retrieval.experiences) != len(trajectories):
+            raise RuntimeError(f"the retriever answered {len(retrieval.experiences)} candidates "
+                               f"for {len(trajectories)}")
+        scores = self.scorer.score(ctx, retrieval)
+        return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
+                "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
+                "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3}
+
+    async def __call__(self, http_request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if http_request.method != "POST":
+            return JSONResponse({"error": "POST a decision request (JSON)"}, status_code=405)
+        try:
+            body = json.loads(await http_request.body())
+            return JSONResponse(await self.decide(body))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse({"error": "the request body is not JSON"}, status_code=400)
+        except PlannerRequestError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+# -- deploying ------------------------------------------------------------------------------------
+def app_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides the app depends on (retrieval, memory, encoder, scoring), in order."""
+    return [o for o in overrides if o.startswith(APP_SECTIONS)]
+
+
+def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
+    """``<app_name>-<hash>``: one app per configuration, so evaluation jobs (and shards of one
+    job) with the same planner share it and different variants never collide."""
+    digest = hashlib.sha1(json.dumps(app_overrides(overrides)).encode()).hexdigest()[:10]
+    return f"{cfg.app_name}-{digest}"
+
+
+def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
+    """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle."""
+    from ray import serve
+
+    own = app_overrides(overrides)
+    retriever = serve.deployment(
+        RetrieverDeployment, name=RETRIEVER, num_replicas=cfg.retriever_replicas,
+        max_ongoing_requests=cfg.retriever_max_ongoing_requests,
+        health_check_period_s=cfg.health_check_period_s,
+        ray_actor_options={"num_cpus": cfg.retriever_num_cpus})
+    planner = serve.deployment(
+        PlannerDeployment, name=PLANNER, num_replicas=cfg.planner_replicas,
+        max_ongoing_requests=cfg.planner_max_ongoing_requests,
+        health_check_period_s=cfg.health_check_period_s,
+        ray_actor_options={"num_cpus": cfg.planner_num_cpus})
+    return planner.bind(retriever.bind(own), own)
+
+
+def start_serve(cfg: PlannerServeConfig) -> None:
+    """Start Serve (if it is not running) with the HTTP proxy on ``cfg.host:cfg.port`` (loopback
+    by default) or without a proxy when ``cfg.http`` is off. Serve's HTTP options are fixed
+    when it first starts: a Serve that already runs keeps its own."""
+    from ray import serve
+
+    if cfg.http:
+        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    else:
+        serve.start(proxy_location="Disabled")
+
+
+def deploy_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> tuple[str, bool]:
+    """Deploy the planner app for ``overrides`` unless it already runs; ``(name, deployed)``.
+
+    Waits until its replicas are up (the retriever loads the store and the encoder). A replica
+    that cannot start (no store, wrong model) raises ``RuntimeError`` with its first error line.
+    """
+    from ray import serve
+
+    name = app_name(overrides, cfg)
+    if app_running(name):
+        return name, False
+    start_serve(cfg)
+    route = f"{cfg.route_prefix.rstrip('/')}/{name}" if cfg.http else None
+    try:
+        # No per-request access log: an evaluation makes tens of decisions per episode.
+        serve.run(build_planner_app(overrides, cfg), name=name, route_prefix=route,
+                  logging_config={"enable_access_log": False})
+    except Exception as exc:  # noqa: BLE001 - Serve reports a failed replica constructor as RuntimeError
+        _delete_quietly(name)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else repr(exc))
+        raise RuntimeError(f"planner Serve app {name} did not start: {reason}") from None
+    return name, True
+
+
+def app_running(name: str) -> bool:
+    """Whether Serve runs an application ``name`` that is RUNNING."""
+    from ray import serve
+
+    status = serve.status().applications.get(name)
+    return status is not None and str(status.status).endswith("RUNNING")
+
+
+def _delete_quietly(name: str) -> None:
+    from ray import serve
+
+    try:
+        serve.delete(name)
+    except Exception:  # noqa: BLE001 - best effort after a failed deploy
+        log.debug("could not delete Serve app %s", name, exc_info=True)
+
+
+def delete_planner_app(name: str) -> None:
+    """Delete the app (its replicas stop; Serve itself keeps running)."""
+    from ray import serve
+
+    serve.delete(name)
+
+
+def http_url(name: str, cfg: PlannerServeConfig) -> str:
+    """The app's HTTP endpoint (``POST`` a ``decision_request`` JSON body)."""
+    return f"http://{cfg.host}:{cfg.port}{cfg.route_prefix.rstrip('/')}/{name}"
+
+
+def replica_actor_names(name: str, deployment: str) -> list[str]:
+    """Names of the live replica actors of ``deployment`` in app ``name`` (namespace ``serve``),
+    e.g. for fault injection: ``ray.kill(ray.get_actor(n, namespace="serve"))``."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{name}#{deployment}#"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == "serve" and a["name"].startswith(prefix))
+
+
+# -- the client -----------------------------------------------------------------------------------
+class RemotePlanner:
+    """``planners.base.Planner`` that decides through the Planner deployment of app ``app``.
+
+    Per episode it keeps ``retrieval_ms`` (the retriever's compute time per decision, as the
+    in-process planner reports it), ``serve_ms`` (request round trips) and ``serve_retries``.
+    Failed requests (a replica died, a timeout) are retried with exponential backoff for up to
+    ``cfg.request_retry_s``; then ``ServeUnavailableError``. Malformed requests are not retried.
+    """
+
+    name = "trajrag"
+
+    def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None) -> None:
+        self.app, self.cfg, self._handle = app, cfg, handle
+        self.goal = ""
+        self.retrieval_ms: list[float] = []
+        self.serve_ms: list[float] = []
+        self.retries = 0
+        self.last_answer: dict | None = None
+
+    def reset(self, goal: str, seed: int) -> None:
+        self.goal = goal
+        self.retrieval_ms, self.serve_ms, self.retries = [], [], 0
+
+    def episode_stats(self) -> dict:
+        """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
+        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms],
+                "serve_ms": [round(t, 3) for t in self.serve_ms],
+                "serve_retries": self.retries, "fallbacks": 0}
+
+    def choose(self, ctx: PlannerContext) -> int:
+        answer = self.request(decision_request(ctx))
+        choice = int(answer["choice"])
+        if not 0 <= choice < len(ctx.candidates):
+            raise RuntimeError(f"the planner app answered choice {choice} for {len(ctx.candidates)} candidates")
+        self.last_answer = answer
+        self.retrieval_ms.append(float(answer["retrieval_ms"]))
+        return choice
+
+    def request(self, payload: dict) -> dict:
+        """Send one decision request and return the answer (retrying as the class says)."""
+        deadline = time.monotonic() + self.cfg.request_retry_s
+        attempt = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                answer = self.handle().decide.remote(payload).result(timeout_s=self.cfg.request_timeout_s)
+                self.serve_ms.append((time.perf_counter() - started) * 1e3)
+                return answer
+            except Exception as exc:  # noqa: BLE001 - sorted by is_transient below
+                if not is_transient(exc):
+                    raise
+                wait = min(self.cfg.retry_backoff_s * 2 ** attempt, MAX_BACKOFF_S)
+                if time.monotonic() + wait > deadline:
+                    raise ServeUnavailableError(
+                        f"planner app {self.app}: no answer within {self.cfg.request_retry_s:.0f} s "
+                        f"({attempt + 1} tries): {_first_line(exc)}") from None
+                log.warning("planner app %s: request failed (%s), retrying in %.1f s",
+                            self.app, _first_line(exc), wait)
+                attempt += 1
+                self.retries += 1
+                time.sleep(wait)
+
+    def handle(self) -> Any:
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_app_handle(self.app)
+        return self._handle
+
+
+MAX_BACKOFF_S = 5.0  # longest wait between two tries of one request
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed request may succeed when sent again: a replica died or is restarting
+    (also when the Planner saw it happen to the Retriever it called), a timeout, Serve's
+    backpressure. Errors raised by the deployments' own code (bad request, a bug) are not."""
+    from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError, WorkerCrashedError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+    system = (RayActorError, WorkerCrashedError, TaskCancelledError, TimeoutError, BackPressureError,
+              DeploymentUnavailableError, ReplicaUnavailableError)
+    seen = 0
+    while exc is not None and seen < 8:  # a Planner-side error wraps the Retriever's
+        if isinstance(exc, PlannerRequestError):
+            return False
+        if isinstance(exc, system):
+            return True
+        if not isinstance(exc, RayTaskError):
+            return False
+        exc, seen = getattr(exc, "cause", None), seen + 1
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

@@ -1,0 +1,31 @@
+"""`trajrag run` (make run): the whole pipeline end to end, tiny."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import FAST_SIM
+from trajrag.cli import main
+
+
+def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_path, capsys):
+    out = tmp_path / "run"
+    sizes = ["run.corpus_scenes=procedural:train:4", "run.corpus_episodes_per_scene=3", "run.encoder_epochs=1",
+             "encoder.train.min_held_out_scenes=1",
+             "episodes.max_steps=200", *FAST_SIM]
+    argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--agents", "trajrag,frontier",
+            "--out", str(out), "--json", *[a for s in sizes for a in ("--set", s)]]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["corpus"]["collected"] == 12 and result["corpus"]["chunks"] >= 6
+    assert result["encoder"]["embedded_chunks"] == result["corpus"]["chunks"]
+    assert set(result["summaries"]) == {"trajrag", "frontier"}
+    assert result["summaries"]["trajrag"]["planner_calls"] > 0
+    assert (out / "model" / "encoder.json").is_file() and (out / "encoder_eval.json").is_file()
+    table = (out / "results.md").read_text()
+    assert "| trajrag |" in table and "| frontier |" in table
+    assert (out / "episode.png").stat().st_size > 10_000 and (out / "decision.png").stat().st_size > 10_000
+    assert main(argv) == 0  # a rerun resumes: nothing collected, the encoder kept, no episode rerun
+    again = json.loads(capsys.readouterr().out)
+    assert again["corpus"]["collected"] == 0
+    assert len((out / "trajrag" / "episodes.jsonl").read_text().splitlines()) == 1

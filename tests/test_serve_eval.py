@@ -1,0 +1,183 @@
+"""The evaluation job on Ray with the TrajRAG planner and retriever on Ray Serve.
+
+One local Ray (the session's ``ray_session``), loopback only: Serve's HTTP proxy on 127.0.0.1 at
+a free port, evaluators reaching the planner app through DeploymentHandles. The memory is the
+``nav_memory`` fixture (3 train homes, untrained encoder); the episodes are 2 val homes x 2, with
+160x120 renders and a 70-step budget (a few planner decisions each). Faults are real process
+deaths: a replica actor killed with ``ray.kill`` mid-evaluation, an evaluator that ``os._exit``s.
+Serve is shut down before and after this module so other tests never see its apps.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections import Counter
+
+import pytest
+
+from conftest import FAST_SIM
+from trajrag import config
+from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray
+from trajrag.distributed.serve_planner import PLANNER, RETRIEVER, app_name, http_url, replica_actor_names
+from trajrag.world.datasets import load_episodes, load_scenes
+
+SCENES, EPISODES = "procedural:val:2", "generated:2"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The test Ray has 2 CPUs: 2 evaluators take them, the Serve replicas reserve none.
+PORT = _free_port()
+JOB = [*FAST_SIM, "episodes.max_steps=70", "eval_job.serve.retriever_num_cpus=0",
+       f"eval_job.serve.port={PORT}", "eval_job.serve.health_check_period_s=1"]
+
+
+@pytest.fixture(scope="module")
+def serve_clean(ray_session):
+    """No Serve before this module's tests, none after (its apps and proxy stop)."""
+    from ray import serve
+
+    serve.shutdown()
+    yield
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def job(nav_memory, serve_clean):
+    """(overrides, scenes, episodes, planned keys) of the evaluation under test."""
+    store, model = nav_memory
+    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *JOB]
+    scenes = load_scenes(SCENES, overrides)
+    episodes = load_episodes(EPISODES, scenes, overrides)
+    planned = {(e.scene_key, str(e.episode_id)) for e in episodes}
+    assert len(planned) == len(episodes) == 4
+    return overrides, scenes, episodes, planned
+
+
+def read_records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_each_once(records: list[dict], planned: set) -> None:
+    keys = [(r["scene_key"], r["episode_id"]) for r in records]
+    assert len(keys) == len(set(keys)), f"duplicate records: {Counter(keys).most_common(1)}"
+    assert set(keys) == planned and len(keys) == len(planned)
+
+
+def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, tmp_path, capsys):
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.registry import make_agent
+    from trajrag.cli import main
+    from trajrag.world.sim import GridSimulator
+
+    overrides, scenes, episodes, planned = job
+    store, model = nav_memory
+    argv = ["eval", "--scenes", SCENES, "--episodes", EPISODES, "--planner", "trajrag", "--store", store,
+            "--model", model, "--out", str(tmp_path / "ray"), "--workers", "2", "--json"]
+    for override in JOB:
+        argv += ["--set", override]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 4 and summary["evaluated"] == 4 and summary["failed"] == 0
+    assert summary["complete"] and summary["workers"] == 2
+    assert [a["episodes"] for a in summary["actors"]["evaluators"]] == [2, 2]
+    assert summary["planner_calls"] > 0 and summary["retrieval_ms_p50"] > 0 and summary["serve_ms_p50"] > 0
+    records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
+    assert_each_once(records, planned)
+
+    # The same episodes in one process, with the in-process planner: the same walks.
+    sim_cfg = config.load("sim", overrides)
+    local = evaluate_agent("trajrag", lambda: make_agent("trajrag", sim_cfg, overrides), GridSimulator(sim_cfg),
+                           episodes, scenes, tmp_path / "local", config.load("episodes", overrides), progress=False)
+    by_key = {(r["scene_key"], r["episode_id"]): r for r in read_records(tmp_path / "local" / "trajrag" / "episodes.jsonl")}
+    for r in records:
+        assert r["actions"] == by_key[(r["scene_key"], r["episode_id"])]["actions"]
+    assert (summary["sr"], summary["spl"]) == (local["sr"], local["spl"])
+
+    # Rerun: nothing left to do, nothing written twice, the same summary.
+    again = evaluate_ray("trajrag", "trajrag", scenes, episodes, tmp_path / "ray", overrides, workers=2, progress=False)
+    assert again["evaluated"] == 0 and again["skipped_already_done"] == 4 and again["spl"] == summary["spl"]
+    assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
+
+
+def test_http_ingress_on_loopback_answers_like_the_handle(job):
+    from ray import serve
+
+    from trajrag.bench.pipeline import record_decisions
+    from trajrag.distributed.evaluate import load_job_config
+
+    overrides, scenes, episodes, _ = job
+    cfg = load_job_config(overrides).serve
+    assert cfg.host == "127.0.0.1"
+    name = app_name(overrides, cfg)  # deployed by the test before (same planner overrides)
+    request = record_decisions(scenes, episodes, overrides, at_least=1)[0]
+    by_handle = serve.get_app_handle(name).decide.remote(request).result(timeout_s=60)
+    http = urllib.request.Request(http_url(name, cfg), data=json.dumps(request).encode(), method="POST",
+                                  headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(http, timeout=60) as response:
+        by_http = json.loads(response.read())
+    assert by_http["choice"] == by_handle["choice"] and by_http["scores"] == pytest.approx(by_handle["scores"])
+    bad = urllib.request.Request(http_url(name, cfg), data=b'{"goal": "chair"}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(bad, timeout=60)
+    assert err.value.code == 400 and "candidates" in err.value.read().decode()
+
+
+def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(job, tmp_path):
+    import ray
+
+    overrides, scenes, episodes, planned = job
+    from trajrag.distributed.evaluate import load_job_config
+
+    name = app_name(overrides, load_job_config(overrides).serve)
+    killed: list[str] = []
+
+    def kill_replicas(record: dict) -> None:
+        if killed:
+            return
+        for deployment in (RETRIEVER, PLANNER):
+            for actor in replica_actor_names(name, deployment):
+                ray.kill(ray.get_actor(actor, namespace="serve"), no_restart=True)
+                killed.append(actor)
+
+    summary = evaluate_ray("killed-replicas", "trajrag", scenes, episodes, tmp_path, overrides, workers=2,
+                           progress=False, on_record=kill_replicas)
+    assert len(killed) == 2, f"expected one Retriever and one Planner replica, killed {killed}"
+    assert summary["evaluated"] == 4 and summary["failed"] == 0
+    records = read_records(tmp_path / "killed-replicas" / "episodes.jsonl")
+    assert_each_once(records, planned)
+    # Later episodes still decided through the app, on new replicas.
+    assert sum(r["agent_stats"]["planner_calls"] for r in records[1:]) > 0
+    assert not set(killed) & set(replica_actor_names(name, RETRIEVER) + replica_actor_names(name, PLANNER))
+
+
+def test_killed_evaluator_requeues_its_episodes_and_every_episode_is_written_once(job, tmp_path):
+    overrides, scenes, episodes, planned = job
+    marker = tmp_path / "evaluator-died"
+    summary = evaluate_ray("killed-evaluator", "trajrag", scenes, episodes, tmp_path, overrides, workers=2,
+                           progress=False, faults=EvalFaultPlan(str(marker), evaluator_exit_after_episodes=1))
+    assert marker.exists(), "the fault did not fire"
+    assert summary["faults"]["evaluator_interruptions"] >= 1 and summary["faults"]["episodes_requeued"] >= 1
+    assert summary["evaluated"] == 4 and summary["failed"] == 0 and summary["episodes"] == 4
+    assert_each_once(read_records(tmp_path / "killed-evaluator" / "episodes.jsonl"), planned)
+
+
+def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
+    overrides, scenes, episodes, planned = job
+    first = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, overrides, workers=1,
+                         shard=(0, 2), progress=False)
+    assert first["episodes_planned"] == 2 and not first["complete"]
+    assert not (tmp_path / "sharded" / "summary.json").exists()
+    second = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, overrides, workers=1,
+                          shard=(1, 2), progress=False)
+    assert second["episodes_planned"] == 2 and second["complete"]
+    records = [r for path in sorted((tmp_path / "sharded").glob("episodes.shard-*.jsonl")) for r in read_records(path)]
+    assert_each_once(records, planned)
+    assert json.loads((tmp_path / "sharded" / "summary.json").read_text())["episodes"] == 4
