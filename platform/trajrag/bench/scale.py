@@ -603,8 +603,7 @@ def run(args: argparse.Namespace) -> dict:
         if cfg.retriever:
             out.update(_retriever_or_reason(store, src, groups, cfg, overrides, rng))
     finally:
-        if not cfg.store_dir:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # a store_dir outside it stays
     return out
 
 

@@ -287,7 +287,7 @@ def deploy_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> tup
     from ray import serve
 
     name = app_name(overrides, cfg)
-    if app_running(name):
+    if _wait_while_deploying(name, cfg.request_timeout_s):  # e.g. another shard's job deploys it
         return name, False
     start_serve(cfg)
     route = f"{cfg.route_prefix.rstrip('/')}/{name}" if cfg.http else None
@@ -303,12 +303,20 @@ def deploy_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> tup
     return name, True
 
 
-def app_running(name: str) -> bool:
-    """Whether Serve runs an application ``name`` that is RUNNING."""
+def app_status(name: str) -> str:
+    """The Serve status of application ``name`` (``RUNNING``, ``DEPLOYING``, ...; "" if none)."""
     from ray import serve
 
     status = serve.status().applications.get(name)
-    return status is not None and str(status.status).endswith("RUNNING")
+    return "" if status is None else str(getattr(status.status, "value", status.status))
+
+
+def _wait_while_deploying(name: str, timeout_s: float) -> bool:
+    """Whether app ``name`` runs, after waiting up to ``timeout_s`` while it is being deployed."""
+    deadline = time.monotonic() + timeout_s
+    while app_status(name) == "DEPLOYING" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return app_status(name) == "RUNNING"
 
 
 def _delete_quietly(name: str) -> None:

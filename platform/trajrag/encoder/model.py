@@ -37,10 +37,18 @@ FORMAT = "trajrag-trajectory-encoder/1"
 def _gpt2_config(cfg: ModelConfig):
     from transformers import GPT2Config
 
-    # One position more than nodes: the end token.
+    # One position more than nodes: the end token. No text tokens at all (inputs_embeds), so no
+    # bos/eos ids (GPT-2's 50256 would not fit the 1-entry vocabulary).
     return GPT2Config(vocab_size=1, n_positions=cfg.max_nodes + 1, n_embd=cfg.n_embd,
                       n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
-                      embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout)
+                      embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=None,
+                      eos_token_id=None)
+
+
+def _without_token_ids(gpt2_config: Mapping[str, Any]) -> dict:
+    """A saved GPT-2 config without text-token ids: folders written before they were dropped
+    carry GPT-2's 50256, which transformers warns about on every load (the model has no tokens)."""
+    return {**dict(gpt2_config), "bos_token_id": None, "eos_token_id": None}
 
 
 class TrajectoryModel(nn.Module):
@@ -67,7 +75,7 @@ class TrajectoryModel(nn.Module):
         from transformers import GPT2Config, GPT2Model
 
         if gpt2_config is not None:
-            gpt = GPT2Model(GPT2Config.from_dict(dict(gpt2_config)))
+            gpt = GPT2Model(GPT2Config.from_dict(_without_token_ids(gpt2_config)))
         elif cfg.init_from:
             gpt = _pretrained_gpt2(cfg.init_from)
         else:

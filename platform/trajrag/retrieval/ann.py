@@ -46,8 +46,7 @@ CHUNKS_TABLE = "chunks"  # trajrag.memory.store.CHUNKS (not imported: that pulls
 EMBEDDING = "embedding"
 GROUP = "group_id"
 KEY = "trajectory_id"
-# PQ codes of 8 bits (256 centroids per sub-vector): LanceDB's default and the only width its
-# fast path supports.
+# PQ codes of 8 bits (256 centroids per sub-vector): LanceDB's default.
 _PQ_BITS = 8
 
 
@@ -55,7 +54,7 @@ _PQ_BITS = 8
 class AnnConfig:
     """The LanceDB fine-stage backend (values and sources: ``configs/scale_bench.yaml``, ``ann``).
 
-    num_partitions: IVF partitions; 0 = round(sqrt(rows)) (LanceDB's own rule).
+    num_partitions: IVF partitions; 0 = round(sqrt(rows)) (the rule LanceDB's IvfPq documents).
     num_sub_vectors: PQ sub-vectors; 0 = dim / 8 (8 dimensions per sub-vector).
     nprobes: partitions searched per query. refine_factor: candidates re-ranked exactly per
     result (``refine_factor * limit``). flat_max_rows: restrictions selecting at most this many
@@ -103,9 +102,10 @@ def resolve_sub_vectors(cfg: AnnConfig, dim: int) -> int:
 
 def build_indexes(table: Any, cfg: AnnConfig) -> dict:
     """IVF_PQ (cosine) on ``embedding`` (replacing an existing one) and BTREE on ``group_id``
-    (unless there is one: ``MemoryStore.compact`` makes it) of a LanceDB chunks table. Returns {"num_partitions", "num_sub_vectors", "ivf_pq_s", "btree_s"}.
+    (unless there is one: ``MemoryStore.compact`` makes it) of a LanceDB chunks table.
 
-    Every embedding must be set (rows with a null embedding are not indexed and never found).
+    Returns {"num_partitions", "num_sub_vectors", "ivf_pq_s", "btree_s"} (seconds). Build it
+    once the embeddings are written: chunks without one are not in the IVF_PQ index.
     """
     import time
 

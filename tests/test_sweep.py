@@ -1,0 +1,74 @@
+"""The Ray Tune sweep of the TrajRAG planner (trajrag.distributed.sweep): Optuna + ASHA, W&B offline.
+
+A 2-trial sweep on one procedural train home x 2 episodes (chunks of 1, a 50-step budget,
+160x120 renders) over the ``nav_memory`` fixture, on the session's local Ray (2 CPUs: the two
+trials side by side). Also: the default tuning scenes are train homes the corpus and the val
+tables never use.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import FAST_SIM
+from trajrag import config
+from trajrag.cli import UserError
+from trajrag.distributed.sweep import SweepParam, check_config, sweep
+
+TINY_SWEEP = [*FAST_SIM, "episodes.max_steps=50", "sweep.scenes=procedural:train:40-41",
+              "sweep.episodes=generated:2", "sweep.chunk_episodes=1", "sweep.num_samples=2",
+              "sweep.max_concurrent_trials=2"]
+
+
+def test_two_trial_sweep_writes_best_config_results_and_offline_wandb_runs(ray_session, nav_memory, tmp_path):
+    store, model = nav_memory
+    out = tmp_path / "sweep"
+    summary = sweep(store, model, out, TINY_SWEEP, progress=False)
+    cfg = config.load("sweep")
+    assert summary["trials"] == 2 and summary["trial_errors"] == 0 and summary["chunks"] == 2
+    assert summary["objective"] == "spl" and summary["search"] == "optuna"
+
+    best = json.loads((out / "best_config.json").read_text())
+    assert set(best["params"]) == set(cfg.params)
+    for key, value in best["params"].items():  # inside the searched ranges, ints where randint
+        p = cfg.params[key]
+        assert p.low <= value <= p.high
+        assert isinstance(value, int) == (p.kind == "randint")
+    # The best setting is usable as --set overrides.
+    assert config.load("scoring", best["overrides"]).w_context == pytest.approx(best["params"]["scoring.w_context"])
+    assert config.load("retrieval", best["overrides"]).top_k == best["params"]["retrieval.top_k"]
+
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    for row in rows:  # a result after each chunk; ASHA may stop a trial after the first
+        assert int(row["training_iteration"]) in (1, 2) and int(row["episodes"]) == int(row["training_iteration"])
+        assert 0.0 <= float(row["spl"]) <= float(row["sr"]) <= 1.0
+    # Every trial logged to W&B, offline, inside the experiment folder.
+    runs = list((out / "tune").glob("*/*/wandb/offline-run-*"))
+    assert len(runs) == 2, runs
+
+
+def test_default_tuning_scenes_are_train_homes_the_corpus_never_saw():
+    from trajrag.world.datasets import load_scenes, parse_procedural_range
+
+    cfg = config.load("sweep")
+    split, start, stop = parse_procedural_range(cfg.scenes)
+    corpus = config.load("run").corpus_scenes  # the corpus of `trajrag run` / make run
+    corpus_split, corpus_start, corpus_stop = parse_procedural_range(corpus)
+    assert split == corpus_split == "train" and corpus_start == 0 and start >= corpus_stop and stop > start
+    names = {s.name for s in load_scenes("procedural:train:40-42")}
+    assert names == {"procedural/train/0040", "procedural/train/0041"}
+
+
+def test_sweep_config_errors_name_the_bad_value():
+    cfg = config.load("sweep")
+    cfg.params["scoring.no_such_weight"] = SweepParam("uniform", 0.0, 1.0)
+    with pytest.raises(UserError, match="scoring.no_such_weight"):
+        check_config(cfg)
+    cfg = config.load("sweep", ["sweep.objective=reward"])
+    with pytest.raises(UserError, match="objective"):
+        check_config(cfg)
