@@ -38,9 +38,10 @@ class AgentRun:
     def finished(self) -> dict[tuple[str, str], dict]:
         """Records already written, keyed by (scene_key, episode_id); a torn last line is dropped."""
         done: dict[tuple[str, str], dict] = {}
-        if not self.records.is_file():
-            return done
-        for line in self.records.read_text().splitlines():
+        # episodes.jsonl, and the episodes.shard-I-of-N.jsonl of sharded Ray jobs
+        lines = [line for path in sorted(self.directory.glob("episodes*.jsonl"))
+                 for line in path.read_text().splitlines()]
+        for line in lines:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -131,8 +132,37 @@ def write_results_table(summaries: dict[str, dict], out_dir: Path) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row[c]) for c in TABLE_COLUMNS) + " |")
     markdown = "\n".join(lines) + "\n"
+    paired = paired_differences(Path(out_dir), list(summaries), baseline="frontier")
+    if paired:
+        markdown += "\n" + paired
     (Path(out_dir) / "results.md").write_text(markdown)
     return markdown
+
+
+def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamples: int = 2000,
+                       seed: int = 0) -> str:
+    """Markdown: each run's SR and SPL minus ``baseline``'s on the episodes both finished, with a
+    95% bootstrap interval over those episodes (paired: the same episodes, so the spread of
+    episode difficulty cancels). Empty when the baseline has no records."""
+    base = AgentRun(baseline, Path(out_dir) / baseline).finished()
+    if not base:
+        return ""
+    rng = np.random.default_rng(seed)
+    lines = [f"Paired differences vs {baseline} (same episodes; 95% bootstrap interval):", "",
+             "| run | episodes | d_sr | d_spl |", "|---|---|---|---|"]
+    for name in runs:
+        other = AgentRun(name, Path(out_dir) / name).finished()
+        shared = sorted(set(base) & set(other))
+        if name == baseline or not shared:
+            continue
+        cells = []
+        for key in ("success", "spl"):
+            d = np.array([float(other[k]["metrics"][key]) - float(base[k]["metrics"][key]) for k in shared])
+            boot = d[rng.integers(len(d), size=(resamples, len(d)))].mean(axis=1)
+            low, high = np.percentile(boot, [2.5, 97.5])
+            cells.append(f"{d.mean():+.3f} [{low:+.3f}, {high:+.3f}]")
+        lines.append(f"| {name} | {len(shared)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(value) -> str:

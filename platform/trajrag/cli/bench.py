@@ -15,7 +15,7 @@ BENCHES: dict[str, str] = {
     "store": "trajrag.bench.store:run",
     "mapping": "trajrag.bench.mapping:run",
     "encoder": "trajrag.bench.encoder:run",
-    # corpus_traj_per_s_1/_2 now; eval_* and serve_* keys come with the evaluation/Serve jobs
+    # corpus_traj_per_s_1/_2, eval_episodes_per_h_1/_2, serve_ms_p50/_p99 (the Ray jobs, issue 7)
     "pipeline": "trajrag.bench.pipeline:run",
     # LanceDB store of --chunks N chunks: size, fine-stage ANN latency and recall@10 (issue 7)
     "scale": "trajrag.bench.scale:run",

@@ -17,11 +17,15 @@ episodes are skipped. Sizes and the shared overrides are in ``configs/run.yaml``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from trajrag.cli import add_override_arg
 
@@ -71,33 +75,60 @@ def run_command(args: argparse.Namespace) -> int:
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     seconds: dict[str, float] = {}
     store, model = str(out / "memory"), str(out / "model")
-    if any(a in ("trajrag", "llm", "graphrag") for a in agents):
+    with pipeline_ray(cfg.workers):
+        if any(a in ("trajrag", "llm", "graphrag") for a in agents):
+            start = time.perf_counter()
+            corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
+            seconds["corpus"] = time.perf_counter() - start
+            start = time.perf_counter()
+            encoder = train_and_embed(cfg, store, model, overrides, say=say)
+            seconds["encoder"] = time.perf_counter() - start
+        else:
+            corpus = encoder = None
         start = time.perf_counter()
-        corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
-        seconds["corpus"] = time.perf_counter() - start
-        start = time.perf_counter()
-        encoder = train_and_embed(cfg, store, model, overrides, say=say)
-        seconds["encoder"] = time.perf_counter() - start
-    else:
-        corpus = encoder = None
-    start = time.perf_counter()
-    summaries = evaluate(cfg, args, agents, out, [f"retrieval.store={store}", f"retrieval.model_dir={model}",
-                                                  *overrides], say)
-    seconds["evaluation"] = time.perf_counter() - start
+        summaries = evaluate(cfg, args, agents, out, [f"retrieval.store={store}", f"retrieval.model_dir={model}",
+                                                      *overrides], say)
+        seconds["evaluation"] = time.perf_counter() - start
     if args.json:
         print(json.dumps({"out": str(out), "corpus": corpus, "encoder": encoder, "summaries": summaries,
                           "seconds": seconds}, default=str))
     return 0
 
 
+@contextlib.contextmanager
+def pipeline_ray(workers: int) -> Iterator[None]:
+    """One local Ray for every stage (or the running one), sized for ``workers`` actors plus the
+    Serve replicas of the evaluation; shut down at the end when started here."""
+    from trajrag.distributed.corpus import ensure_ray
+    from trajrag.distributed.evaluate import cpus_needed, load_job_config
+
+    if workers < 1:
+        yield
+        return
+    import ray
+
+    needed = math.ceil(cpus_needed(load_job_config(workers=workers), served=True))
+    own = ensure_ray(None, max(os.cpu_count() or 1, workers, needed))
+    try:
+        yield
+    finally:
+        if own:
+            ray.shutdown()
+
+
 def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: bool, say) -> dict:
     """Stage 1: the corpus into ``store`` (Ray collectors; resumable)."""
+    from trajrag.cli.corpus import build_corpus
     from trajrag.distributed.corpus import build_corpus_ray
 
     say(f"[1/4] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
         f"({cfg.corpus_policy}), {cfg.workers} collectors -> {store}")
-    summary = build_corpus_ray(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
-                               overrides, workers=cfg.workers, progress=progress)
+    if cfg.workers > 0:
+        summary = build_corpus_ray(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
+                                   overrides, workers=cfg.workers, progress=progress)
+    else:
+        summary = build_corpus(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
+                               overrides, progress=progress)
     say(f"      {summary['chunks']} chunks in {summary['groups']} groups ({summary['traj_per_s']:.2f} trajectories/s)")
     return {k: summary.get(k) for k in ("episodes_planned", "collected", "chunks", "groups", "decisions",
                                         "traj_per_s")}
@@ -112,7 +143,7 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
 
     if not (Path(model) / "encoder.json").is_file():
         say(f"[2/4] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
-        train_encoder(store, model, workers=cfg.workers,
+        train_encoder(store, model, workers=max(cfg.workers, 1),
                       overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
     else:
         say(f"[2/4] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
@@ -134,6 +165,7 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     from trajrag import config
     from trajrag.agent.evaluate import evaluate_agent, render_episode_png, write_results_table
     from trajrag.agent.registry import make_agent
+    from trajrag.distributed.evaluate import evaluate_ray
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
@@ -144,8 +176,12 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     say(f"[3/4] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
     summaries = {}
     for name in agents:
-        summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim, episodes,
-                                         scenes, out, episode_cfg, progress=not args.json)
+        if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
+            summaries[name] = evaluate_ray(name, name, scenes, episodes, out, overrides, workers=cfg.workers,
+                                           progress=not args.json)
+        else:
+            summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim, episodes,
+                                             scenes, out, episode_cfg, progress=not args.json)
     table = write_results_table(summaries, out)
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
     if "trajrag" in agents:

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import ray
-from ray.exceptions import ActorDiedError, RayError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from trajrag.agent.evaluate import AgentRun
 from trajrag.distributed.corpus import FaultPlan, ensure_ray
@@ -292,9 +292,15 @@ class _EvalPipeline:
         self.seconds = 0.0  # the pipeline's wall time, set when it has run
 
     def check_started(self) -> None:
-        """Wait for every evaluator to be up: a config or store error surfaces here, once."""
+        """Wait for every evaluator to be up: a config or store error surfaces here, once, and
+        so does a cluster too small to place them (instead of waiting forever)."""
         try:
-            ray.get([actor.ping.remote() for actor in self.actors])
+            ray.get([actor.ping.remote() for actor in self.actors], timeout=self.cfg.restart_timeout_s)
+        except GetTimeoutError:
+            raise EvalJobError(
+                f"{len(self.actors)} evaluators ({self.cfg.evaluator_num_cpus} CPU each) did not start within "
+                f"{self.cfg.restart_timeout_s:.0f} s; the cluster has {ray.cluster_resources().get('CPU', 0)} "
+                "logical CPUs: lower --workers or eval_job.evaluator_num_cpus") from None
         except RayError as exc:
             raise EvalJobError(f"an evaluator could not start: {_first_line(exc)}") from None
 
@@ -497,6 +503,7 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
     wanted = list(shard_range(len(episodes), shard))
     todo = [i for i in wanted if keys[i] not in done]
     with ray_for_eval(ray_address, cfg, served):
+        _warn_if_too_small(cfg, served and bool(todo))
         app, deployed, deploy_s = None, False, 0.0
         if todo and served:
             app, deployed, deploy_s = _deploy(overrides, cfg.serve)
@@ -510,6 +517,17 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
                 delete_planner_app(app)
     total_s = time.perf_counter() - started
     return _summarize(run, episodes, keys, wanted, todo, pipe, cfg, planner, app, deploy_s, total_s)
+
+
+def _warn_if_too_small(cfg: EvalJobConfig, served: bool) -> None:
+    """Say so when the cluster has fewer logical CPUs than the job reserves (Serve would wait for
+    them without a word; an autoscaling cluster may still add nodes)."""
+    have, need = ray.cluster_resources().get("CPU", 0.0), cpus_needed(cfg, served)
+    if need > have:
+        print(f"warning: the evaluation reserves {need:g} logical CPUs ({cfg.evaluators} evaluators x "
+              f"{cfg.evaluator_num_cpus:g}, Serve replicas {need - cfg.evaluators * cfg.evaluator_num_cpus:g}); "
+              f"the Ray cluster has {have:g}: it waits until they exist (lower --workers or "
+              "eval_job.serve.retriever_num_cpus)", file=sys.stderr)
 
 
 def _deploy(overrides: Sequence[str], serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:

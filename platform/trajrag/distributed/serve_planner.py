@@ -243,9 +243,18 @@ def app_overrides(overrides: Sequence[str]) -> list[str]:
 
 def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
     """``<app_name>-<hash>``: one app per configuration, so evaluation jobs (and shards of one
-    job) with the same planner share it and different variants never collide."""
-    digest = hashlib.sha1(json.dumps(app_overrides(overrides)).encode()).hexdigest()[:10]
-    return f"{cfg.app_name}-{digest}"
+    job) with the same planner share it and different variants never collide. The hash covers
+    the app's overrides, its Serve sizing and the store's table versions, so a store that
+    changed since (rebuilt, re-embedded) gets a new app instead of a stale one."""
+    from dataclasses import asdict
+
+    from trajrag import config
+    from trajrag.memory.store import MemoryStore
+
+    store = config.load("retrieval", list(overrides)).store
+    versions = MemoryStore(store, read_only=True).versions() if store else {}
+    key = json.dumps([app_overrides(overrides), asdict(cfg), versions], sort_keys=True)
+    return f"{cfg.app_name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
 def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
