@@ -129,7 +129,8 @@ def test_bench_scale_cli_small_store():
             "scale_bench.source_policy=oracle",
             "scale_bench.source_overrides=[sim.width=64,sim.height=48,mapping.pixel_stride=1]",
             "scale_bench.decisions=30", "scale_bench.unfiltered_queries=20", "scale_bench.warmup=2",
-            "scale_bench.retriever_decisions=3", "scale_bench.ann.num_partitions=16"]
+            "scale_bench.retriever_decisions=3", "scale_bench.ann.num_partitions=16",
+            "scale_bench.navigation_scenes=procedural:val:1", "episodes.max_steps=150"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["bench", "scale", "--chunks", "3000", "--json",
@@ -139,7 +140,7 @@ def test_bench_scale_cli_small_store():
     for key in ("chunks", "groups", "store_bytes", "bytes_per_chunk", "fill_s", "index_build_s",
                 "decision_ms_p50", "decision_ms_p99", "exact_decision_ms_p50", "recall_at_10",
                 "unfiltered_recall_at_10", "unfiltered_ms_p50", "embedding_source",
-                "retriever_decision_ms_p50", "retriever_decision_ms_p99"):
+                "retriever_decision_ms_p50", "retriever_decision_ms_p99", "navigation_decision_ms_p50"):
         assert key in result, key
     assert result["chunks"] == 3000
     assert result["groups"] == 75
@@ -150,3 +151,4 @@ def test_bench_scale_cli_small_store():
     # The store holds at least the float32 vectors.
     assert result["bytes_per_chunk"] > 4 * result["embedding_dim"]
     assert result["decision_ms_p50"] > 0 and result["retriever_decision_ms_p50"] > 0
+    assert result["navigation_decisions"] > 0 and result["navigation_decision_ms_p50"] > 0

@@ -81,6 +81,9 @@ class ScaleBenchConfig:
     warmup: int
     retriever: bool
     retriever_decisions: int
+    navigation_scenes: str
+    navigation_episodes: str
+    navigation_overrides: list[str]
     store_dir: str
     seed: int
     ann: AnnConfig
@@ -614,4 +617,53 @@ def _retriever_or_reason(store: Any, src: Source, groups: Groups, cfg: ScaleBenc
         from trajrag.retrieval.retriever import Retriever  # noqa: F401
     except ImportError as exc:
         return {"retriever_skipped": f"trajrag.retrieval.retriever.Retriever not importable: {exc}"}
-    return measure_retriever(store, src, groups, cfg.ann, cfg, overrides, rng)
+    out = measure_retriever(store, src, groups, cfg.ann, cfg, overrides, rng)
+    if src.encoder is not None and cfg.navigation_episodes:
+        out.update(measure_navigation(store, src, cfg, overrides))
+    return out
+
+
+def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides: list[str]) -> dict:
+    """Every decision of real navigation episodes (procedural val homes, the TrajRAG planner)
+    retrieving from the scaled store with the retriever's default backend (exact, in memory):
+    candidates as a navigator makes them, whose walked part repeats from one decision to the
+    next (node votes and node embeddings cached), the issue's "per decision" figure."""
+    from trajrag.agent.episode_runner import run_episode
+    from trajrag.agent.navigator import make_navigator
+    from trajrag.planners.scoring import ScoringPlanner
+    from trajrag.retrieval.retriever import Retriever
+    from trajrag.world.datasets import load_episodes, load_scenes
+    from trajrag.world.sim import GridSimulator
+
+    nav_overrides = [*cfg.navigation_overrides, *overrides]
+    retrieval_cfg = config.load("retrieval", nav_overrides)
+    start = time.perf_counter()
+    retriever = Retriever(store, replace(retrieval_cfg, store=store.uri), config.load("memory", nav_overrides),
+                          encoder=src.encoder)
+    load_s = time.perf_counter() - start
+    sim_cfg = config.load("sim", nav_overrides)
+    sim = GridSimulator(sim_cfg)
+    scenes = load_scenes(cfg.navigation_scenes, nav_overrides)
+    episodes = load_episodes(cfg.navigation_episodes, scenes, nav_overrides)
+    by_name = {scene.name: scene for scene in scenes}
+    timings, coarse, fine, candidates = [], [], [], []
+    planner = ScoringPlanner(retriever, config.load("scoring", nav_overrides))
+    agent = make_navigator(planner, sim_cfg, nav_overrides)
+    retrieve = retriever.retrieve
+
+    def timed(trajectories, goal):
+        result = retrieve(trajectories, goal)
+        timings.append(result.total_ms)
+        coarse.append(result.coarse_ms)
+        fine.append(result.fine_ms)
+        candidates.append(len(trajectories))
+        return result
+
+    retriever.retrieve = timed
+    for episode in episodes:
+        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=config.load("episodes", nav_overrides))
+    return {**_percentiles(timings, "navigation_decision_ms"), "navigation_decisions": len(timings),
+            "navigation_candidates_mean": round(float(np.mean(candidates)), 2) if candidates else 0.0,
+            "navigation_coarse_ms_p50": round(float(np.median(coarse)), 3) if coarse else None,
+            "navigation_fine_ms_p50": round(float(np.median(fine)), 3) if fine else None,
+            "navigation_retriever_load_s": round(load_s, 2)}
