@@ -52,24 +52,6 @@ def nav_memory(tmp_path_factory) -> tuple[str, str]:
     memory; an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0; training is
     tested in test_encoder.py) whose embeddings are written to every chunk.
     """
-    from trajrag.cli.corpus import build_corpus
-    from trajrag.encoder import load_config
-    from trajrag.encoder.data import encode_records, read_records
-    from trajrag.encoder.evaluate import write_embeddings
-    from trajrag.encoder.model import TrajectoryEncoder, build_model, embed, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
+    from trajrag.bench.pipeline import small_memory
 
-    root = tmp_path_factory.mktemp("nav-memory")
-    store, model_dir = str(root / "memory"), str(root / "model")
-    build_corpus("procedural:train:3", 5, "oracle", store, overrides=FAST_SIM, progress=False)
-    cfg = load_config()
-    node_encoder = NodeEncoder(cfg.node)
-    save_model_dir(model_dir, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model,
-                   node_encoder.info(), extra={"seed": 0, "train_scenes": []})
-    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder)
-    records, names = read_records(store)
-    data = encode_records(records, names, node_encoder)
-    index = list(range(len(data)))
-    z = embed(encoder.model, data.sequences(index), data.goal_vectors(index), 64)
-    write_embeddings(store, data.ids, z, encoder.version, 256)
-    return store, model_dir
+    return small_memory(tmp_path_factory.mktemp("nav-memory"), "procedural:train:3", 5, list(FAST_SIM))

@@ -221,6 +221,9 @@ def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_pa
 def test_eval_errors_are_one_line(nav_memory, tmp_path):
     run = _eval("--planner", "trajrag", "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "--store" in run.stderr and "Traceback" not in run.stderr
+    run = _eval("--planner", "frontier", "--out", str(tmp_path / "x"), "--set",
+                "navigator.vocabulary=[lamp]")
+    assert run.returncode == 2 and "not in the agent vocabulary" in run.stderr and "Traceback" not in run.stderr
     run = _eval("--planner", "teleport", "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "unknown planner" in run.stderr
     run = _eval("--planner", "trajrag", "--store", str(tmp_path / "nothing"), "--model", nav_memory[1],

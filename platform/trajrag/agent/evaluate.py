@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -147,7 +148,6 @@ def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamp
     base = AgentRun(baseline, Path(out_dir) / baseline).finished()
     if not base:
         return ""
-    rng = np.random.default_rng(seed)
     lines = [f"Paired differences vs {baseline} (same episodes; 95% bootstrap interval):", "",
              "| run | episodes | d_sr | d_spl |", "|---|---|---|---|"]
     for name in runs:
@@ -156,6 +156,7 @@ def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamp
         if name == baseline or not shared:
             continue
         cells = []
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])  # the same interval in any table
         for key in ("success", "spl"):
             d = np.array([float(other[k]["metrics"][key]) - float(base[k]["metrics"][key]) for k in shared])
             boot = d[rng.integers(len(d), size=(resamples, len(d)))].mean(axis=1)

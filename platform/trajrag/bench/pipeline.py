@@ -96,9 +96,8 @@ def small_memory(root: Path, scenes: str, per_scene: int, overrides: list[str]) 
     embeddings are written to every chunk. Returns ``(store URI, model folder)``."""
     from trajrag.cli.corpus import build_corpus
     from trajrag.encoder import load_config
-    from trajrag.encoder.data import encode_records, read_records
-    from trajrag.encoder.evaluate import write_embeddings
-    from trajrag.encoder.model import TrajectoryEncoder, build_model, embed, save_model_dir
+    from trajrag.encoder.evaluate import embed_store
+    from trajrag.encoder.model import build_model, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder
 
     store, model_dir = str(root / "memory"), str(root / "model")
@@ -107,12 +106,7 @@ def small_memory(root: Path, scenes: str, per_scene: int, overrides: list[str]) 
     node_encoder = NodeEncoder(cfg.node)
     save_model_dir(model_dir, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model,
                    node_encoder.info(), extra={"seed": 0, "train_scenes": []})
-    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder)
-    records, names = read_records(store)
-    data = encode_records(records, names, node_encoder)
-    index = list(range(len(data)))
-    z = embed(encoder.model, data.sequences(index), data.goal_vectors(index), 64)
-    write_embeddings(store, data.ids, z, encoder.version, 256)
+    embed_store(store, model_dir, overrides)
     return store, model_dir
 
 

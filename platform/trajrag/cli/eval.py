@@ -116,6 +116,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
+    _check_goals(episodes, runs, args.overrides)
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
@@ -164,6 +165,20 @@ def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episo
                                    shard=shard, progress=not args.json)
             summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
     return summaries
+
+
+def _check_goals(episodes, runs, overrides) -> None:
+    """Goal categories the mapping agents cannot look for (not in their open vocabulary) are a
+    user error before anything runs, not a crash in the middle of an evaluation."""
+    from trajrag import config
+
+    if all(planner == "oracle" for _, planner, _ in runs):
+        return
+    vocabulary = set(config.load("navigator", overrides).vocabulary)
+    unknown = sorted({e.object_category for e in episodes} - vocabulary)
+    if unknown:
+        raise UserError(f"goal categories {unknown} are not in the agent vocabulary: add them to "
+                        "navigator.vocabulary (configs/navigator.yaml) or --set navigator.vocabulary=[...]")
 
 
 def _lifelong(label: str, planner: str, overrides: list[str], out: Path):

@@ -35,6 +35,7 @@ from trajrag.topo.representation import TPS_GS, represent
 log = logging.getLogger(__name__)
 
 FINE_ENCODER, FINE_TEXT = "encoder", "text"
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 class RetrievalError(RuntimeError):
@@ -51,6 +52,8 @@ class RetrievalConfig:
     prefilter_groups: int
     coarse_groups: int
     top_k: int
+    goal_filter: bool
+    goal_search_groups: int
     fine: str
     embed_missing: bool
     torch_threads: int
@@ -161,9 +164,9 @@ class Retriever:
         self.node_xy = [np.asarray(s, dtype=np.float64).reshape(-1, 2) for s in table.column("node_xy").to_pylist()]
         self.names = {label: name for name, label in self.store.vocabulary().items()}
         self._vocab = {name: label for label, name in self.names.items()}
-        self.rows_of_group: dict[int, np.ndarray] = {}
-        for g in np.unique(self.groups):
-            self.rows_of_group[int(g)] = np.flatnonzero(self.groups == g)
+        self.rows_of_group = _index_rows(self.groups.tolist())
+        self.rows_of_goal = _index_rows(self.goals.tolist())
+        self.rows_of_group_goal = _index_rows(list(zip(self.groups.tolist(), self.goals.tolist())))
         self.embeddings = self._chunk_embeddings(table, cols["encoder_version"])
 
     def _chunk_embeddings(self, table: Any, versions: list[str | None]) -> np.ndarray:
@@ -209,12 +212,14 @@ class Retriever:
         start = time.perf_counter()
         names = dict(self.names)
         queries = [self._to_store_labels(c, names) for c in candidates]
-        allowed: list[np.ndarray | None] = [None] * len(queries)
+        # Goal-conditioned: only chunks that walked towards this goal, when the store has any.
+        by_goal = self.cfg.goal_filter and goal in self.rows_of_goal
+        allowed: list[np.ndarray | None] = [self.rows_of_goal[goal] if by_goal else None] * len(queries)
         coarse: list[dict[int, float]] = [{} for _ in queries]
         if self.cfg.coarse and self.rows_of_group:
             for i, q in enumerate(queries):
-                coarse[i] = self._coarse(q)
-                rows = [self.rows_of_group[g] for g in coarse[i] if g in self.rows_of_group]
+                coarse[i] = self._coarse(q, goal if by_goal else None)
+                rows = [self._group_rows(g, goal if by_goal else None) for g in coarse[i]]
                 allowed[i] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
         mid = time.perf_counter()
         if self.cfg.fine == FINE_TEXT:
@@ -231,17 +236,38 @@ class Retriever:
         self.stats["queries"] += len(candidates)
         return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3)
 
-    def _coarse(self, q: _Query) -> dict[int, float]:
+    def _coarse(self, q: _Query, goal: str | None) -> dict[int, float]:
         """The kept groups -> their coarse score (inlier ratio), best first: the prefilter's
-        best-voted groups re-ranked by exact matching (score, then inlier count, then vote)."""
-        voted = rank_votes(self._node_votes(q.sectors), self.cfg.prefilter_groups)
+        best-voted groups re-ranked by exact matching (score, then inlier count, then vote).
+        With a ``goal``, groups are added in that order, then in vote order down to
+        ``goal_search_groups``, until the kept ones hold ``top_k`` chunks towards the goal (a
+        group is one place, and most places were walked towards a few goals only)."""
+        votes = self._node_votes(q.sectors)
+        voted = rank_votes(votes, self.cfg.prefilter_groups)
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
         scored = []
         for rank, gid in enumerate(voted):
             result = match(q, self.memory.summaries[gid], self.memory.params, rng)
             scored.append((-float(result.score), -result.n_inliers, rank, gid))
-        scored.sort()
-        return {gid: -neg for neg, _, _, gid in scored[: self.cfg.coarse_groups]}
+        ranked = [(gid, -neg) for neg, _, _, gid in sorted(scored)]
+        kept = dict(ranked[: self.cfg.coarse_groups])
+        if goal is None:
+            return kept
+        more = ranked[self.cfg.coarse_groups:] + [
+            (g, 0.0) for g in rank_votes(votes, self.cfg.goal_search_groups) if g not in voted]
+        found = sum(len(self._group_rows(g, goal)) for g in kept)
+        for gid, score in more:
+            if found >= self.cfg.top_k:
+                break
+            kept[gid] = score
+            found += len(self._group_rows(gid, goal))
+        return kept
+
+    def _group_rows(self, group: int, goal: str | None) -> np.ndarray:
+        """Rows of a group's chunks (towards ``goal`` only, when given)."""
+        if goal is None:
+            return self.rows_of_group.get(group, _NO_ROWS)
+        return self.rows_of_group_goal.get((group, goal), _NO_ROWS)
 
     def _node_votes(self, sectors: np.ndarray) -> list[dict[int, float]]:
         """The prefilter's per-node group votes, cached by sector vector: the walked part of
@@ -282,6 +308,14 @@ class Retriever:
 
     def _encode(self, sectors: Sequence[np.ndarray], goals: Sequence[str], names: dict[int, str]) -> np.ndarray:
         return self.encoder.encode_sectors(list(sectors), list(goals), names)
+
+
+def _index_rows(keys: list) -> dict[Any, np.ndarray]:
+    """key -> the rows holding it (int64, ascending)."""
+    rows: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        rows.setdefault(key, []).append(i)
+    return {key: np.asarray(r, dtype=np.int64) for key, r in rows.items()}
 
 
 def _load_encoder(model_dir: str) -> Any:
