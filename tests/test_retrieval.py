@@ -64,8 +64,15 @@ def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(na
         result = _retriever(store, model_dir, *overrides).retrieve([traj], traj.goal)
         assert result.experiences[0], overrides
         assert all(e.coarse_score == 0.0 for e in result.experiences[0]) == ("retrieval.coarse=false" in overrides)
-    every = _retriever(store, model_dir, "retrieval.coarse=false", "retrieval.top_k=1000").retrieve([traj], traj.goal)
-    assert len(every.experiences[0]) == len(_retriever(store, model_dir).ids)
+    unfiltered = _retriever(store, model_dir, "retrieval.coarse=false", "retrieval.top_k=1000")
+    assert len(unfiltered.retrieve([traj], traj.goal).experiences[0]) == len(unfiltered.ids)
+    same_goal = _retriever(store, model_dir, "retrieval.coarse=false", "retrieval.top_k=1000",
+                           "retrieval.goal_filter=true")
+    found = same_goal.retrieve([traj], traj.goal).experiences[0]
+    assert {e.goal for e in found} == {traj.goal}
+    assert len(found) == sum(g == traj.goal for g in same_goal.goals)
+    coarse = _retriever(store, model_dir, "retrieval.goal_filter=true").retrieve([traj], traj.goal)
+    assert coarse.experiences[0][0].trajectory_id == tid and {e.goal for e in coarse.experiences[0]} == {traj.goal}
 
 
 def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):

@@ -22,6 +22,8 @@ from trajrag.retrieval.types import DecisionRetrieval  # noqa: E402
 
 # grey levels of the map layers: unexplored, explored free, obstacle
 _UNEXPLORED, _FREE, _OBSTACLE = 0.55, 0.95, 0.15
+# Unexplored margin shown around the explored area, cells (1 m at 5 cm).
+_MARGIN_CELLS = 20
 
 
 @dataclass
@@ -86,6 +88,13 @@ def render_decision_png(decision: RecordedDecision, path: str | Path, *, n_exper
                 color="tab:red" if chosen else "tab:blue", alpha=1.0 if chosen else 0.6)
         ax.annotate(f"{decision.scores[i]:.2f}", xy[-1], fontsize=7, color="tab:red" if chosen else "tab:blue")
     ax.plot(ctx.pose.x, ctx.pose.y, "k^", ms=7)
+    bbox = ctx.sem_map.explored_bbox(margin=_MARGIN_CELLS)
+    if bbox is not None:  # the explored part, not the whole map the agent allocated
+        r0, r1, c0, c1 = bbox
+        x0, y0 = ctx.sem_map.origin
+        cell = ctx.sem_map.cell_size
+        ax.set_xlim(x0 + c0 * cell, x0 + c1 * cell)
+        ax.set_ylim(y0 + r0 * cell, y0 + r1 * cell)
     ax.set_title(f"find {ctx.goal}: {len(ctx.candidates)} candidates (red: chosen, score)", fontsize=8)
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
