@@ -2,14 +2,13 @@
 held-out evaluation and embeddings written to the store.
 
 Most tests use a tiny random BERT (MiniLM's tokenizer, 1 layer, 32 wide) as the node encoder so
-the file stays fast; one test loads the real offline default (all-MiniLM-L6-v2). One shared local
-Ray instance serves the file (``ray_session``; it belongs in conftest.py once other tests use Ray).
+the file stays fast; one test loads the real offline default (all-MiniLM-L6-v2). Ray Train runs
+on the suite's one local Ray (``ray_session`` in conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -38,20 +37,6 @@ from trajrag.encoder.train import info_nce
 
 TINY_DIM = 32
 STORE_DIM = 768  # configs/memory.yaml embedding_dim
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray instance (2 CPUs) for the whole session."""
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 logging_level="warning")
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -51,13 +51,11 @@ class ScoringPlanner:
     def __init__(self, retriever: Any, cfg: ScoringConfig) -> None:
         self.retriever = retriever
         self.cfg = cfg
-        self.goal = ""
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
         self.retrieval_ms: list[float] = []
 
     def reset(self, goal: str, seed: int) -> None:
-        self.goal = goal
         self.retrieval_ms = []
 
     def episode_stats(self) -> dict:

@@ -125,7 +125,6 @@ class Retriever:
         self._vote_cache: dict[bytes, dict[int, float]] = {}
         self._load_chunks()
         self._search = search or ExactChunkSearch(self.embeddings)
-        self.stats = {"decisions": 0, "queries": 0}
 
     def refresh(self) -> None:
         """Read the store again (after chunks were added: lifelong mode)."""
@@ -232,8 +231,6 @@ class Retriever:
         experiences = [[self._experience(row, sim, coarse[i].get(int(self.groups[row]), 0.0))
                         for row, sim in hits] for i, hits in enumerate(found)]
         end = time.perf_counter()
-        self.stats["decisions"] += 1
-        self.stats["queries"] += len(candidates)
         return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3)
 
     def _coarse(self, q: _Query, goal: str | None) -> dict[int, float]:
