@@ -37,12 +37,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, RayError
+
+from trajrag.distributed.shards import ActorDown, SceneCache, Shard, ShardRun, SlotStats, first_line
 
 # Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
 # (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
@@ -136,18 +138,7 @@ class CollectorWorker:
         self.policy = policy
         self.fault = fault
         self.finished = 0
-        self.scene_cache = scene_cache
-        self.scenes: OrderedDict[str, Any] = OrderedDict()
-
-    def _scene(self, name: str, refs: dict[str, Any]) -> Any:
-        """The scene ``name``, fetched from the object store once and kept among the last
-        ``scene_cache`` used (shards are runs of scene-ordered episodes: few refetches)."""
-        if name not in self.scenes:
-            self.scenes[name] = ray.get(refs[name])
-            while len(self.scenes) > self.scene_cache:
-                self.scenes.popitem(last=False)
-        self.scenes.move_to_end(name)
-        return self.scenes[name]
+        self.scenes = SceneCache(scene_cache)
 
     def collect(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
         """Run ``episodes`` (planned indices ``indices``) one by one, yielding an ``EpisodeItem``
@@ -156,7 +147,7 @@ class CollectorWorker:
         for index, episode in zip(indices, episodes):
             started, cpu = time.perf_counter(), time.process_time()
             try:
-                scene = self._scene(episode.scene_key, scene_refs)
+                scene = self.scenes.get(episode.scene_key, scene_refs)
                 got = self.collector.collect_one(episode, scene, self.policy)
                 metrics = got.result.metrics
                 item = EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
@@ -238,47 +229,10 @@ class GroupingWriter:
 
 # -- the driver -----------------------------------------------------------------------------------
 @dataclass
-class _Shard:
-    indices: list[int]
-    attempts: int = 0
-
-
-@dataclass
-class _Run:
-    """A shard streaming from the collector in slot ``slot`` (``actor``: the handle it went to)."""
-
-    shard: _Shard
-    slot: int
-    actor: Any
-    received: set[int] = field(default_factory=set)
-
-
-@dataclass
 class _Batch:
     seq: int
     items: list[tuple[str, EpisodeItem]]
     attempts: int = 0
-
-
-@dataclass
-class _SlotStats:
-    episodes: int = 0
-    busy_s: float = 0.0
-    cpu_s: float = 0.0
-    replaced: int = 0
-
-
-@dataclass
-class _Down:
-    """An actor that failed a call: pinged until it answers (Ray restarts it meanwhile).
-
-    A call to an actor that is restarting fails at once, so nothing is sent to it until a ping
-    comes back; ``ref`` is the ping in flight, ``retry_at`` when to ping again.
-    """
-
-    since: float
-    ref: Any = None
-    retry_at: float = 0.0
 
 
 WRITER = "writer"  # the key of the writer among the actors that are down (collectors: slot index)
@@ -296,15 +250,15 @@ class _Pipeline:
         # Small jobs: shrink the shards so that every collector gets work from the start.
         slots = cfg.collectors * cfg.shards_in_flight
         step = max(1, min(cfg.shard_episodes, -(-len(todo) // slots)))
-        self.queue = deque(_Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
+        self.queue = deque(Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
         # No more collectors than shards (a small resume needs no full fleet).
         self.actors = [make_collector() for _ in range(min(cfg.collectors, len(self.queue)))]
-        self.slots = [_SlotStats() for _ in self.actors]
-        self.runs: dict[Any, _Run] = {}
+        self.slots = [SlotStats() for _ in self.actors]
+        self.runs: dict[Any, ShardRun] = {}
         self.buffer: list[tuple[str, EpisodeItem]] = []
         self.unacked: dict[Any, _Batch] = {}
         self.resend: list[_Batch] = []
-        self.down: dict[Any, _Down] = {}
+        self.down: dict[Any, ActorDown] = {}
         self.delivered: set[int] = set()
         self.failed: dict[str, str] = {}
         self.decisions: Counter = Counter()
@@ -339,7 +293,7 @@ class _Pipeline:
                     _generator_backpressure_num_objects=self.cfg.max_unconsumed_episodes,
                 ).remote(shard.indices, episodes,
                          {e.scene_key: self.scene_refs[e.scene_key] for e in episodes})
-                self.runs[gen] = _Run(shard, slot, actor)
+                self.runs[gen] = ShardRun(shard, slot, actor)
                 busy[slot] += 1
 
     def _send_batch(self) -> None:
@@ -388,7 +342,7 @@ class _Pipeline:
 
     def _mark_down(self, key: Any) -> None:
         if key not in self.down:
-            self.down[key] = _Down(since=time.perf_counter())
+            self.down[key] = ActorDown(since=time.perf_counter())
 
     def _ping_down(self) -> None:
         now = time.perf_counter()
@@ -407,7 +361,7 @@ class _Pipeline:
             if waited > self.cfg.restart_timeout_s:
                 raise CorpusJobError(f"the {'grouping writer' if key == WRITER else 'collector'} "
                                      f"has not come back after {waited:.0f} s: "
-                                     f"{_first_line(exc)}") from None
+                                     f"{first_line(exc)}") from None
             down.ref, down.retry_at = None, time.perf_counter() + self.cfg.retry_interval_s
             return
         del self.down[key]
@@ -435,11 +389,11 @@ class _Pipeline:
             self.counts["collector_interruptions"] += 1
             if self.actors[run.slot] is run.actor:
                 self._mark_down(run.slot)
-            self._requeue(run, f"{type(exc).__name__}: {_first_line(exc)}")
+            self._requeue(run, f"{type(exc).__name__}: {first_line(exc)}")
             return
         self._accept(run, item)
 
-    def _accept(self, run: _Run, item: EpisodeItem) -> None:
+    def _accept(self, run: ShardRun, item: EpisodeItem) -> None:
         run.received.add(item.index)
         tid = self.ids[item.index]
         if item.error:
@@ -458,7 +412,7 @@ class _Pipeline:
         self.counts["collected"] += 1
         self.bar.update(1)
 
-    def _requeue(self, run: _Run, reason: str) -> None:
+    def _requeue(self, run: ShardRun, reason: str) -> None:
         """The unfinished episodes of ``run`` go back to the front, one per shard."""
         left = [i for i in run.shard.indices if i not in run.received]
         attempts = run.shard.attempts + 1
@@ -467,7 +421,7 @@ class _Pipeline:
                 self.failed[self.ids[index]] = f"collector failed {attempts} times: {reason}"
                 self.bar.update(1)
             else:
-                self.queue.appendleft(_Shard([index], attempts))
+                self.queue.appendleft(Shard([index], attempts))
                 self.counts["episodes_requeued"] += 1
 
     # -- the writer -------------------------------------------------------------------------
@@ -483,7 +437,7 @@ class _Pipeline:
             if batch.attempts >= self.cfg.max_attempts:
                 raise CorpusJobError(f"the grouping writer failed {batch.attempts} times on batch "
                                      f"{batch.seq} ({len(batch.items)} trajectories): "
-                                     f"{_first_line(exc)}") from None
+                                     f"{first_line(exc)}") from None
             self.counts["batches_resent"] += 1
             self.resend.append(batch)
             self._mark_down(WRITER)
@@ -646,7 +600,7 @@ def _build(cfg: CorpusJobConfig, actors: _Actors, scene_spec: str, per_scene: in
         missing = set(ray.get(writer.missing.remote(ids)))
     except RayError as exc:  # e.g. the store URI cannot be opened
         raise UserError(f"memory store {actors.store_uri}: the grouping writer could not start: "
-                        f"{_first_line(exc)}") from None
+                        f"{first_line(exc)}") from None
     todo = [i for i, tid in enumerate(ids) if tid in missing]
     setup_s = time.perf_counter() - started
     pipe = None
@@ -659,12 +613,6 @@ def _build(cfg: CorpusJobConfig, actors: _Actors, scene_spec: str, per_scene: in
         writer = pipe.writer
     state = ray.get(writer.state.remote())
     return _summary(ids, todo, pipe, state, cfg.collectors, setup_s, time.perf_counter() - started)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The message of an actor error without Ray's traceback (the cause's last line)."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
 
 
 def _summary(ids, todo, pipe: _Pipeline | None, state: dict, workers: int, setup_s: float,

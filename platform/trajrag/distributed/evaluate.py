@@ -39,8 +39,8 @@ import math
 import os
 import sys
 import time
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -50,6 +50,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from trajrag.agent.evaluate import AgentRun
 from trajrag.distributed.corpus import FaultPlan, ensure_ray
+from trajrag.distributed.shards import ActorDown, SceneCache, Shard, ShardRun, SlotStats, first_line
 from trajrag.distributed.serve_planner import PlannerServeConfig
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
@@ -117,19 +118,9 @@ class EvaluatorWorker:
         self.sim = GridSimulator(sim_cfg)
         self.episode_cfg = config.load("episodes", overrides)
         self.agent = make_evaluator_agent(planner, sim_cfg, overrides, serve_app, serve_cfg)
-        self.scene_cache, self.fault = scene_cache, fault
-        self.scenes: OrderedDict[str, Any] = OrderedDict()
+        self.fault = fault
+        self.scenes = SceneCache(scene_cache)
         self.finished = 0
-
-    def _scene(self, name: str, refs: dict[str, Any]) -> Any:
-        """Scene ``name`` from the object store, the last ``scene_cache`` kept (shards are runs of
-        scene-ordered episodes)."""
-        if name not in self.scenes:
-            self.scenes[name] = ray.get(refs[name])
-            while len(self.scenes) > self.scene_cache:
-                self.scenes.popitem(last=False)
-        self.scenes.move_to_end(name)
-        return self.scenes[name]
 
     def evaluate(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
         """Run ``episodes`` (planned ``indices``) one by one, yielding an ``EvalItem`` each."""
@@ -140,7 +131,7 @@ class EvaluatorWorker:
         for index, episode in zip(indices, episodes):
             started, cpu = time.perf_counter(), time.process_time()
             try:
-                scene = self._scene(episode.scene_key, scene_refs)
+                scene = self.scenes.get(episode.scene_key, scene_refs)
                 result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
                 item = EvalItem(index, record=_record(result, self.agent))
             except ServeUnavailableError as exc:
@@ -238,39 +229,6 @@ def episode_key(episode: Any) -> tuple[str, str]:
 
 
 # -- the driver -----------------------------------------------------------------------------------
-@dataclass
-class _Shard:
-    indices: list[int]
-    attempts: int = 0
-
-
-@dataclass
-class _Run:
-    """A shard streaming from the evaluator in slot ``slot`` (``actor``: the handle it went to)."""
-
-    shard: _Shard
-    slot: int
-    actor: Any
-    received: set[int] = field(default_factory=set)
-
-
-@dataclass
-class _Down:
-    """An evaluator that failed a call, pinged until it answers (Ray restarts it meanwhile)."""
-
-    since: float
-    ref: Any = None
-    retry_at: float = 0.0
-
-
-@dataclass
-class _SlotStats:
-    episodes: int = 0
-    busy_s: float = 0.0
-    cpu_s: float = 0.0
-    replaced: int = 0
-
-
 class _EvalPipeline:
     """The driver's event loop: work queue -> evaluators -> records file."""
 
@@ -281,11 +239,11 @@ class _EvalPipeline:
         self.make_evaluator, self.sink, self.done, self.bar, self.on_record = (
             make_evaluator, sink, done, bar, on_record)
         step = max(1, min(cfg.shard_episodes, -(-len(todo) // (workers * cfg.shards_in_flight))))
-        self.queue = deque(_Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
+        self.queue = deque(Shard(list(todo[i:i + step])) for i in range(0, len(todo), step))
         self.actors = [make_evaluator() for _ in range(min(workers, len(self.queue)))]
-        self.slots = [_SlotStats() for _ in self.actors]
-        self.runs: dict[Any, _Run] = {}
-        self.down: dict[int, _Down] = {}
+        self.slots = [SlotStats() for _ in self.actors]
+        self.runs: dict[Any, ShardRun] = {}
+        self.down: dict[int, ActorDown] = {}
         self.failed: dict[str, str] = {}
         self.counts: Counter = Counter()
         self.started = time.perf_counter()
@@ -302,7 +260,7 @@ class _EvalPipeline:
                 f"{self.cfg.restart_timeout_s:.0f} s; the cluster has {ray.cluster_resources().get('CPU', 0)} "
                 "logical CPUs: lower --workers or eval_job.evaluator_num_cpus") from None
         except RayError as exc:
-            raise EvalJobError(f"an evaluator could not start: {_first_line(exc)}") from None
+            raise EvalJobError(f"an evaluator could not start: {first_line(exc)}") from None
 
     def run(self) -> None:
         while self.queue or self.runs:
@@ -325,7 +283,7 @@ class _EvalPipeline:
                 gen = actor.evaluate.options(
                     _generator_backpressure_num_objects=self.cfg.max_unconsumed_episodes,
                 ).remote(shard.indices, episodes, {e.scene_key: self.scene_refs[e.scene_key] for e in episodes})
-                self.runs[gen] = _Run(shard, slot, actor)
+                self.runs[gen] = ShardRun(shard, slot, actor)
                 busy[slot] += 1
 
     def _wait(self) -> None:
@@ -359,7 +317,7 @@ class _EvalPipeline:
         except ActorDiedError as exc:  # out of restarts: a fresh actor
             if self.slots[slot].replaced >= self.cfg.max_attempts:
                 raise EvalJobError(f"evaluator {slot} was replaced {self.slots[slot].replaced} times and "
-                                   f"died again: {_first_line(exc)}") from None
+                                   f"died again: {first_line(exc)}") from None
             ray.kill(self.actors[slot], no_restart=True)
             self.actors[slot] = self.make_evaluator()
             self.slots[slot].replaced += 1
@@ -367,7 +325,7 @@ class _EvalPipeline:
             waited = time.perf_counter() - down.since
             if waited > self.cfg.restart_timeout_s:
                 raise EvalJobError(f"evaluator {slot} has not come back after {waited:.0f} s: "
-                                   f"{_first_line(exc)}") from None
+                                   f"{first_line(exc)}") from None
             down.ref, down.retry_at = None, time.perf_counter() + self.cfg.retry_interval_s
             return
         del self.down[slot]
@@ -385,18 +343,18 @@ class _EvalPipeline:
             del self.runs[gen]
             self.counts["evaluator_interruptions"] += 1
             if self.actors[run.slot] is run.actor and run.slot not in self.down:
-                self.down[run.slot] = _Down(since=time.perf_counter())
-            self._requeue(run, f"{type(exc).__name__}: {_first_line(exc)}")
+                self.down[run.slot] = ActorDown(since=time.perf_counter())
+            self._requeue(run, f"{type(exc).__name__}: {first_line(exc)}")
             return
         run.received.add(item.index)
         self._accept(run, item)
 
-    def _accept(self, run: _Run, item: EvalItem) -> None:
+    def _accept(self, run: ShardRun, item: EvalItem) -> None:
         episode = self.episodes[item.index]
         key = episode_key(episode)
         if item.error:
             if item.transient and run.shard.attempts + 1 < self.cfg.max_attempts:
-                self.queue.append(_Shard([item.index], run.shard.attempts + 1))
+                self.queue.append(Shard([item.index], run.shard.attempts + 1))
                 self.counts["episodes_requeued"] += 1
                 return
             self.failed["/".join(key)] = item.error
@@ -417,7 +375,7 @@ class _EvalPipeline:
         if self.on_record is not None:
             self.on_record(item.record)
 
-    def _requeue(self, run: _Run, reason: str) -> None:
+    def _requeue(self, run: ShardRun, reason: str) -> None:
         """The episodes of ``run`` that did not come back go to the front, one per shard."""
         left = [i for i in run.shard.indices if i not in run.received]
         attempts = run.shard.attempts + 1
@@ -427,19 +385,13 @@ class _EvalPipeline:
                     f"evaluator failed {attempts} times: {reason}")
                 self.bar.update(1)
             else:
-                self.queue.appendleft(_Shard([index], attempts))
+                self.queue.appendleft(Shard([index], attempts))
                 self.counts["episodes_requeued"] += 1
 
     def _refresh_bar(self) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         self.bar.set_postfix(ep_per_h=f"{self.counts['evaluated'] * 3600 / elapsed:.0f}",
                              failed=len(self.failed), refresh=False)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The message of an actor error without Ray's traceback (the cause's last line)."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
 
 
 # -- entry points ---------------------------------------------------------------------------------
