@@ -14,7 +14,7 @@ import pytest
 from trajrag import config
 from trajrag.bench.scale import Ragged, Source, fill_store, noise_sigma, noisy_unit
 from trajrag.memory.store import CHUNKS, MemoryStore
-from trajrag.retrieval.ann import AnnConfig, LanceChunkSearch, build_indexes
+from trajrag.retrieval.ann import LanceChunkSearch, build_indexes
 from trajrag.retrieval.retriever import ExactChunkSearch
 
 DIM = 16

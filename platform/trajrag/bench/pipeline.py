@@ -106,7 +106,7 @@ def small_memory(root: Path, scenes: str, per_scene: int, overrides: list[str]) 
     node_encoder = NodeEncoder(cfg.node)
     save_model_dir(model_dir, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model,
                    node_encoder.info(), extra={"seed": 0, "train_scenes": []})
-    embed_store(store, model_dir, overrides)
+    embed_store(store, model_dir, overrides, node_encoder=node_encoder)
     return store, model_dir
 
 

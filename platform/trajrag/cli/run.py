@@ -147,14 +147,14 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
                       overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
     else:
         say(f"[2/4] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
-    try:
-        result = evaluate_encoder(store, model, overrides=overrides, write=False)
+    try:  # recall on held-out scenes, and every chunk's embedding written
+        result = evaluate_encoder(store, model, overrides=overrides)
+        result["embedded_chunks"] = result["held_out"]["written"]
         say("      held-out recall@5: trained {:.3f}, text {:.3f}, untrained {:.3f}".format(
             *(result[k]["recall@5"] for k in ("trained", "text", "untrained"))))
     except EncoderError as exc:  # too small a corpus to measure recall: say so, still embed
-        result = {"error": str(exc)}
+        result = {"error": str(exc), "embedded_chunks": embed_store(store, model, overrides)}
         say(f"      held-out recall not measured: {exc}")
-    result["embedded_chunks"] = embed_store(store, model, overrides)
     (Path(model).parent / "encoder_eval.json").write_text(json.dumps(result, indent=1))
     return result
 

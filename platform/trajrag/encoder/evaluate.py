@@ -104,16 +104,18 @@ def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names
     return write_embeddings(store, data.ids, z, encoder.version, cfg.eval.write_batch)
 
 
-def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()) -> int:
+def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = (), *,
+                node_encoder: Any = None) -> int:
     """Embed every chunk of ``store`` (a writable ``MemoryStore`` or URI) with the model in
-    ``model_dir``; returns the chunks written."""
+    ``model_dir`` (``node_encoder``: an already loaded one to share); returns the chunks written."""
     from trajrag.encoder.model import TrajectoryEncoder
     from trajrag.memory.store import MemoryStore
 
     cfg = load_config(overrides)
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
-    encoder = TrajectoryEncoder(model_dir, batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
+    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder, batch_size=cfg.eval.encode_batch,
+                                node_cfg=cfg.node)
     records, names = read_records(store)
     written = embed_chunks(store, encoder, records, names, cfg)
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")

@@ -42,6 +42,23 @@ class PlannerContext:
     current_waypoint: Optional[np.ndarray] = None
 
 
+def candidate_distances(ctx: PlannerContext) -> np.ndarray:
+    """Geodesic metres to each candidate's frontier (the path length where none was found)."""
+    geodesic = np.array([ctx.frontier_distances[c.frontier_index] for c in ctx.candidates], dtype=float)
+    fallback = np.array([c.length_m for c in ctx.candidates], dtype=float)
+    return np.where(np.isfinite(geodesic), geodesic, fallback)
+
+
+def previous_target(ctx: PlannerContext, radius_m: float) -> np.ndarray:
+    """bool (C,): the candidates whose frontier lies within ``radius_m`` of the previous
+    decision's waypoint (none at the first decision). Planners favour them so that re-deciding
+    at every topo node does not dither between similar frontiers."""
+    if ctx.current_waypoint is None:
+        return np.zeros(len(ctx.candidates), dtype=bool)
+    centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
+    return np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= radius_m
+
+
 class Planner(Protocol):
     """Chooses a candidate path; ``choose`` returns an index into ``ctx.candidates``."""
 

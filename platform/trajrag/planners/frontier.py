@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext
+from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
 
 
 class NearestFrontierPlanner:
@@ -24,17 +24,13 @@ class NearestFrontierPlanner:
         pass
 
     def choose(self, ctx: PlannerContext) -> int:
-        distances = np.array([ctx.frontier_distances[c.frontier_index] for c in ctx.candidates])
-        fallback = np.array([c.length_m for c in ctx.candidates])
-        distances = np.where(np.isfinite(distances), distances, fallback)
+        distances = candidate_distances(ctx)
         best = int(np.argmin(distances))
-        if ctx.current_waypoint is not None:
-            centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
-            same = np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= self.hysteresis_m
-            if same.any():
-                kept = int(np.flatnonzero(same)[np.argmin(distances[same])])
-                if distances[kept] <= distances[best] + self.hysteresis_m:
-                    return kept
+        same = previous_target(ctx, self.hysteresis_m)
+        if same.any():
+            kept = int(np.flatnonzero(same)[np.argmin(distances[same])])
+            if distances[kept] <= distances[best] + self.hysteresis_m:
+                return kept
         return best
 
 

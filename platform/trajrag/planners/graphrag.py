@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext
-from trajrag.planners.scoring import candidate_distances, end_objects
+from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
+from trajrag.planners.scoring import end_objects
 
 
 @dataclass
@@ -102,15 +102,13 @@ class GraphRAGPlanner:
             objects = [o for o in end_objects(c.trajectory, self.cfg.end_nodes) if o != ctx.goal]
             relation.append(np.mean([self.graph.relation(ctx.goal, o) for o in objects]) if objects else 0.0)
         self.retrieval_ms.append((time.perf_counter() - start) * 1e3)
-        scores = self.cfg.w_relation * np.asarray(relation) - self.cfg.w_distance_per_m * candidate_distances(ctx)
-        if ctx.current_waypoint is not None:
-            centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
-            same = np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= self.cfg.hysteresis_m
-            scores = scores + same * self.cfg.w_distance_per_m * self.cfg.hysteresis_m
+        cfg = self.cfg
+        scores = (cfg.w_relation * np.asarray(relation) - cfg.w_distance_per_m * candidate_distances(ctx)
+                  + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m)
         return int(np.argmax(scores))
 
 
-_GRAPHS: dict[str, SceneGraph] = {}
+_GRAPHS: dict[tuple[str, int], SceneGraph] = {}
 
 
 def make_graphrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
@@ -123,6 +121,7 @@ def make_graphrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
     store = config.load("retrieval", overrides).store
     if not store:
         raise RetrievalError("graphrag needs a memory store: pass --store PATH")
-    if store not in _GRAPHS:
-        _GRAPHS[store] = SceneGraph.from_store(store, cfg.min_support)
-    return make_navigator(GraphRAGPlanner(_GRAPHS[store], cfg), sim_cfg, overrides, seed)
+    key = (store, cfg.min_support)
+    if key not in _GRAPHS:
+        _GRAPHS[key] = SceneGraph.from_store(store, cfg.min_support)
+    return make_navigator(GraphRAGPlanner(_GRAPHS[key], cfg), sim_cfg, overrides, seed)

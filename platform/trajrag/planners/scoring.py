@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext
+from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -79,18 +79,8 @@ class ScoringPlanner:
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
         scores = cfg.w_similarity * similarity + cfg.w_context * context - cfg.w_distance_per_m * distance
-        if ctx.current_waypoint is not None:  # keep the previous target unless clearly worse
-            centroids = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates])
-            same = np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= cfg.hysteresis_m
-            scores = scores + same * cfg.w_distance_per_m * cfg.hysteresis_m
-        return scores
-
-
-def candidate_distances(ctx: PlannerContext) -> np.ndarray:
-    """Geodesic metres to each candidate's frontier (path length where none was found)."""
-    geodesic = np.array([ctx.frontier_distances[c.frontier_index] for c in ctx.candidates], dtype=float)
-    fallback = np.array([c.length_m for c in ctx.candidates], dtype=float)
-    return np.where(np.isfinite(geodesic), geodesic, fallback)
+        # keep the previous target unless it is clearly worse
+        return scores + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m
 
 
 def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:

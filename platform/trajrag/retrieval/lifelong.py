@@ -35,10 +35,11 @@ class LifelongMemory:
     def __call__(self, record: dict, agent: Any) -> None:
         success = bool(record["metrics"]["success"])
         tid = f"lifelong/{self.label}/{record['scene_key']}/{record['episode_id']}"
-        decision = self.memory.insert(agent.topo_trajectory(success=success), trajectory_id=tid)
+        trajectory = agent.topo_trajectory(success=success)
+        decision = self.memory.insert(trajectory, trajectory_id=tid)
         self.memory.flush()
         if decision.action in ("new", "merge", "fuse"):
-            z = self.retriever.encoder.encode_trajectories([agent.topo_trajectory(success=success)])
+            z = self.retriever.encoder.encode_trajectories([trajectory])
             self.memory.store.update_embeddings([tid], z, self.retriever.encoder.version)
         self.retriever.refresh()
         self.outcomes.append((success, float(record["metrics"]["spl"])))

@@ -119,6 +119,7 @@ class Retriever:
             torch.set_num_threads(cfg.torch_threads)
         self.encoder = encoder if encoder is not None else _load_encoder(cfg.model_dir)
         self.representation = self.encoder.node_encoder.cfg.representation
+        self._text_max_length = self.encoder.node_encoder.cfg.text_max_length  # fine: text
         # The summaries and their node prefilter, exactly as the memory's writer sees them.
         self.memory = TrajectoryMemory(store, memory_cfg)
         self._apply_representation()
@@ -163,6 +164,7 @@ class Retriever:
         self.node_xy = [np.asarray(s, dtype=np.float64).reshape(-1, 2) for s in table.column("node_xy").to_pylist()]
         self.names = {label: name for name, label in self.store.vocabulary().items()}
         self._vocab = {name: label for label, name in self.names.items()}
+        self._query_names: dict[int, str] = {}  # categories only queries have: ids past the store's
         self.rows_of_group = _index_rows(self.groups.tolist())
         self.rows_of_goal = _index_rows(self.goals.tolist())
         self.rows_of_group_goal = _index_rows(list(zip(self.groups.tolist(), self.goals.tolist())))
@@ -198,10 +200,7 @@ class Retriever:
         return z
 
     def _text_embeddings(self, texts: Sequence[str]) -> np.ndarray:
-        ne = self.encoder.node_encoder
-        from trajrag.encoder import load_config
-
-        return ne.encode_texts(list(texts), max_length=load_config().node.text_max_length)
+        return self.encoder.node_encoder.encode_texts(list(texts), max_length=self._text_max_length)
 
     # -- one decision -----------------------------------------------------------------------------
     def retrieve(self, candidates: Sequence[Any], goal: str) -> DecisionRetrieval:
@@ -209,8 +208,8 @@ class Retriever:
         if not candidates:
             return DecisionRetrieval([], self.names)
         start = time.perf_counter()
-        names = dict(self.names)
-        queries = [self._to_store_labels(c, names) for c in candidates]
+        queries = [self._to_store_labels(c) for c in candidates]
+        names = {**self.names, **self._query_names}
         # Goal-conditioned: only chunks that walked towards this goal, when the store has any.
         by_goal = self.cfg.goal_filter and goal in self.rows_of_goal
         allowed: list[np.ndarray | None] = [self.rows_of_goal[goal] if by_goal else None] * len(queries)
@@ -288,16 +287,16 @@ class Retriever:
     def _represented(self, sectors: np.ndarray) -> np.ndarray:
         return represent(sectors, self.representation) if self.representation != TPS_GS else sectors
 
-    def _to_store_labels(self, traj: Any, names: dict[int, str]) -> _Query:
+    def _to_store_labels(self, traj: Any) -> _Query:
         """The candidate with its category ids mapped to the store's label ids; a category the
         store never saw gets a query-local id (it matches nothing, and still has a name)."""
         lut = np.zeros(max(len(traj.categories), 1), dtype=np.int16)
         for k, name in enumerate(traj.categories):
             if name not in self._vocab:
-                self._vocab[name] = max(names, default=-1) + 1
-                names[self._vocab[name]] = name
+                label = max(self._vocab.values(), default=-1) + 1
+                self._vocab[name] = label
+                self._query_names[label] = name
             lut[k] = self._vocab[name]
-            names.setdefault(int(lut[k]), name)
         sectors = np.asarray(traj.sectors)
         mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)], sectors).astype(np.int16)
         return _Query(np.asarray(traj.node_xy, dtype=np.float64), self._represented(mapped),
