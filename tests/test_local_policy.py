@@ -216,3 +216,24 @@ def test_bad_pose_or_waypoint_is_a_clear_error(policy):
         policy.act(sem, SimpleNamespace(x=float("nan"), y=0.0, yaw=0.0), np.array([0.5, 0.5]))
     with pytest.raises(ValueError, match="waypoint"):
         policy.act(sem, Pose2D(0.5, 0.5, 0.0), np.array([np.nan, 0.5]))
+
+
+def test_the_walked_trail_stays_plannable_when_later_obstacles_close_a_doorway(policy):
+    # Two rooms joined by a 0.6 m doorway: wide enough for the 0.36 m agent.
+    floor = np.zeros((100, 100), dtype=bool)
+    floor[5:95, 5:45] = floor[5:95, 55:95] = True
+    floor[44:56, 45:55] = True
+    sem, traversable = _world(floor)
+    sim = PointMass(traversable, Pose2D(1.0, 2.5, 0.0))
+    result, _ = _drive(policy, sem, sim, np.array([4.0, 2.5]))
+    assert result.status == PolicyStatus.REACHED
+    # Seen from the other side, the door frame maps 15 cm thicker on each side: inflated by the
+    # agent radius, the doorway is closed on the map although the agent just walked through it.
+    sem.obstacle[44:47, 45:55] = sem.obstacle[53:56, 45:55] = True
+    back = np.array([[1.0, 2.5]])
+    fresh = LocalPolicy(config.load("policy"), forward_step_m=STEP, turn_angle_rad=TURN)
+    assert not fresh.reachable(sem, sim.pose.xy, back).any(), "the map alone has no way back"
+    assert policy.reachable(sem, sim.pose.xy, back).all(), "the walked trail is a way back"
+    result, _ = _drive(policy, sem, sim, back[0])
+    assert result.status == PolicyStatus.REACHED
+    assert sim.collisions == 0

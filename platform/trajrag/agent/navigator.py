@@ -5,6 +5,10 @@ it and STOP within ``stop_distance_m``; otherwise explore: at a *decision* (a ne
 reached, the waypoint reached or unreachable, or too long on one waypoint) extract frontiers,
 build the candidate paths over the current topo-polar graph (BFS) and let the planner pick one;
 its frontier becomes the waypoint of the A* local policy, which emits the discrete actions.
+
+When every frontier is unreachable from where the agent stands (it squeezed into a pocket whose
+way in the map now shows closed), the agent *retraces* its own path: the exact reverse of its
+forward moves, which the simulator already allowed, until a frontier is reachable again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from trajrag.planners.base import Planner, PlannerContext
 from trajrag.topo.candidates import step_candidates
 from trajrag.topo.trajectory import TopoGraph
 from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.frames import wrap_angle
 from trajrag.world.interface import Action, Observations
 from trajrag.world.scene import Scene
 
@@ -40,6 +45,7 @@ class NavigatorConfig:
     blacklist_radius_m: float
     max_blacklist_resets: int
     frontier_hysteresis_m: float
+    max_retrace_moves: int
 
 
 @dataclass
@@ -50,6 +56,7 @@ class NavigatorStats:
     planner_calls: int = 0
     no_candidate_fallbacks: int = 0
     unreachable_waypoints: int = 0
+    retrace_moves: int = 0
     stop_reason: str = ""  # "goal_in_reach", "goal_reached_waypoint" or "no_frontier_left"
     step_ms: list[float] = field(default_factory=list)
     decision_ms: list[float] = field(default_factory=list)
@@ -90,6 +97,9 @@ class Navigator:
         self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
         self.blacklist_resets = 0
         self.goal_blocked = False
+        self.visited: list[np.ndarray] = []  # distinct positions in visiting order (m)
+        self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
+        self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
         self.stats = NavigatorStats()
 
     def act(self, obs: Observations) -> Action:
@@ -101,6 +111,8 @@ class Navigator:
 
     def _act(self, obs: Observations) -> Action:
         self.builder.observe(obs)
+        if not self.visited or np.linalg.norm(obs.pose.xy - self.visited[-1]) > _SAME_POSITION_M:
+            self.visited.append(np.asarray(obs.pose.xy, dtype=np.float64).copy())
         if self.spin_left > 0:  # a first look around, as SemExp / VLFM do, so frontiers are real
             self.spin_left -= 1
             self.policy.interrupt()
@@ -121,10 +133,15 @@ class Navigator:
 
     # -- exploration ----------------------------------------------------------------------------
     def _explore(self, obs: Observations) -> Action:
+        if self.retrace_path:
+            action = self._retrace(obs)
+            if action is not None:
+                return action
         for _ in range(2):  # a decision, then at most one re-decision if its waypoint fails at once
             if self._needs_decision(obs):
                 if not self._decide(obs):
-                    return self._stop("no_frontier_left")
+                    action = self._start_retrace(obs)
+                    return action if action is not None else self._stop("no_frontier_left")
             result = self.policy.act(self.builder.map, obs.pose, self.waypoint)
             self.steps_on_waypoint += 1
             if result.action is not None:
@@ -140,6 +157,50 @@ class Navigator:
             self.waypoint = None
         self.policy.interrupt()
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
+
+    # -- retracing ------------------------------------------------------------------------------
+    def _start_retrace(self, obs: Observations) -> Optional[Action]:
+        """Begin walking back along the visited positions; None if there is nothing to retrace,
+        the budget is spent, or a frontier is reachable after all."""
+        if self.stats.retrace_moves >= self.cfg.max_retrace_moves or len(self.visited) < 2:
+            return None
+        self.retrace_path = list(self.visited[:-1])
+        self.retrace_forward = False
+        return self._retrace(obs)
+
+    def _retrace(self, obs: Observations) -> Optional[Action]:
+        """The next action back toward the previous visited position, or None (retracing over)
+        once a frontier is reachable from here, the path is used up or the budget spent. Each
+        reverse move is the exact reverse of a forward move the simulator made, so it is free."""
+        xy = obs.pose.xy
+        while self.retrace_path and np.linalg.norm(self.retrace_path[-1] - xy) <= _SAME_POSITION_M:
+            self.retrace_path.pop()
+        stalled = self.retrace_forward and obs.collided  # a reverse move failed: give up
+        if (stalled or not self.retrace_path or self.stats.retrace_moves >= self.cfg.max_retrace_moves
+                or self._frontier_reachable(obs)):
+            self.retrace_path = []
+            self.blacklist = []  # unreachable from where they were tried, not from here
+            self.waypoint = None
+            self.policy.interrupt()
+            return None
+        target = self.retrace_path[-1]
+        error = wrap_angle(math.atan2(target[1] - xy[1], target[0] - xy[0]) - obs.pose.yaw)
+        self.policy.interrupt()
+        self.retrace_forward = abs(error) <= self.policy.turn_angle_rad / 2.0
+        if not self.retrace_forward:
+            return Action.TURN_LEFT if error > 0 else Action.TURN_RIGHT
+        self.stats.retrace_moves += 1
+        return Action.MOVE_FORWARD
+
+    def _frontier_reachable(self, obs: Observations) -> bool:
+        """Whether any frontier not yet reached is plannable from the agent's position."""
+        sem = self.builder.map
+        frontiers = [f for f in find_frontiers(sem, self.mapping_cfg, agent_xy=obs.pose.xy)
+                     if not self._near_any(f, self.spent)]
+        if not frontiers:
+            return False
+        targets = np.array([f.centroid_xy for f in frontiers])
+        return bool(self.policy.reachable(sem, obs.pose.xy, targets).any())
 
     def _stop(self, reason: str) -> Action:
         self.stats.stop_reason = reason
@@ -173,7 +234,8 @@ class Navigator:
         if candidates:
             self.stats.planner_calls += 1
             ctx = PlannerContext(self.goal, self.step, pose, sem, trajectory, candidates, frontiers,
-                                 frontier_distances(sem, pose.xy, frontiers, self.policy.cfg.inflation_radius_m),
+                                 frontier_distances(sem, pose.xy, frontiers, self.policy.cfg.inflation_radius_m,
+                                                    self.policy.trail),
                                  self.waypoint)
             choice = self.planner.choose(ctx)
             frontier = frontiers[candidates[choice].frontier_index]
@@ -197,7 +259,7 @@ class Navigator:
             return frontiers
         self.blacklist_resets += 1
         self.blacklist, self.spent = [], []
-        self.policy.reset()  # collision marks may be what walled the agent in
+        self.policy.forget_collisions()  # collision marks may be what walled the agent in
         return find_frontiers(sem, self.mapping_cfg)
 
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:
@@ -221,10 +283,13 @@ class Navigator:
         return self.builder.topo_trajectory(success)
 
 
-def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], inflation_m: float) -> np.ndarray:
+def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], inflation_m: float,
+                       trail: Optional[np.ndarray] = None) -> np.ndarray:
     """Geodesic metres from ``xy`` to each frontier's centroid over explored free space with
     obstacles inflated by ``inflation_m`` (``inf`` where none is found): what a nearest-frontier
-    explorer ranks by (straight-line or graph-hop distances pick frontiers behind walls)."""
+    explorer ranks by (straight-line or graph-hop distances pick frontiers behind walls).
+    ``trail``: bool map of cells the agent has walked, passable whatever the map says (as in
+    the local policy)."""
     from skimage.graph import MCP_Geometric
 
     from trajrag.mapping.semantic_map import dilate_disk
@@ -232,6 +297,8 @@ def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], infla
     r0, r1, c0, c1 = sem.explored_bbox(margin=1)
     blocked = dilate_disk(sem.obstacle[r0:r1, c0:c1], inflation_m / sem.cell_size)
     passable = sem.explored[r0:r1, c0:c1] & ~blocked
+    if trail is not None:
+        passable |= trail[r0:r1, c0:c1]
     start = sem.to_cell(xy) - np.array([r0, c0])
     passable[start[0], start[1]] = True  # the agent's own cell, even if it grazes an inflated wall
     costs = np.where(passable, 1.0, np.inf)
@@ -241,6 +308,11 @@ def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], infla
         cells = frontier.cells - np.array([r0, c0])
         out[i] = float(np.min(field[cells[:, 0], cells[:, 1]])) * sem.cell_size
     return out
+
+
+# Two positions this close (m) are one: the simulator's positions repeat exactly when a move is
+# reversed; 1 cm absorbs float rounding, far below the 0.25 m step.
+_SAME_POSITION_M = 0.01
 
 
 def _stable_hash(text: str) -> int:

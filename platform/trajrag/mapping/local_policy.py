@@ -15,7 +15,11 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
    agent's own position is cleared (a noisy wall hit must not trap it), and a waypoint inside
    the inflation moves to the nearest plannable cell within ``goal_snap_radius_m``. Replans when
    the waypoint moves, every ``replan_every_steps`` steps, when a newly mapped obstacle blocks
-   the remaining path, or when the agent is more than ``off_path_m`` from it.
+   the remaining path, or when the agent is more than ``off_path_m`` from it. The agent's own
+   trail (every centre position it has occupied this episode, and the straight steps between
+   them) is always plannable: it was walked, so it is free, even where obstacles mapped later
+   (chair legs, a table edge seen from the other side) inflate over the gap the agent came
+   through. Without it an agent that squeezed into a pocket can find every way out closed.
 3. **Following** on the action lattice: of the headings one or more turns away, take the one
    whose forward step lands lowest on the plan's cost-to-go field while staying clear of the
    inflated obstacles along the whole step; turn toward it, or MOVE_FORWARD once facing it. With
@@ -61,6 +65,7 @@ class PolicyConfig:
     collision_move_fraction: float
     collision_mark_ahead_m: float
     collision_mark_radius_m: float
+    collision_repeat_mark_radius_m: float
     stuck_window_steps: int
     stuck_min_displacement_m: float
     max_recoveries: int
@@ -98,6 +103,7 @@ def validate_config(cfg: PolicyConfig) -> None:
         "goal_snap_radius_m",
         "window_margin_m",
         "collision_mark_radius_m",
+        "collision_repeat_mark_radius_m",
     ):
         if getattr(cfg, key) < 0:
             raise ValueError(f"policy.{key} must be >= 0, got {getattr(cfg, key)}")
@@ -131,9 +137,18 @@ class LocalPolicy:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the plan, the collision layer and the motion history (new episode)."""
+        """Forget the plan, the collision layer, the trail and the motion history (new episode)."""
         self.collision: np.ndarray | None = None
+        self.trail: np.ndarray | None = None  # cells the agent's centre has occupied
+        self._trail_xy: np.ndarray | None = None
         self._map_frame: tuple | None = None
+        self.forget_collisions()
+
+    def forget_collisions(self) -> None:
+        """Forget the plan, the collision marks and blocked moves, keeping the trail: the agent
+        loop's last resort when every waypoint failed (the marks may be what walls it in)."""
+        if self.collision is not None:
+            self.collision[:] = False
         self._path: np.ndarray | None = None  # (K, 2) cells
         self._field = np.zeros((0, 0))  # cost-to-go to the planned goal over the plan's window
         self._blocked_moves: dict[tuple[int, int], set[float]] = {}  # cell -> headings that collided
@@ -157,6 +172,7 @@ class LocalPolicy:
         if waypoint.shape != (2,) or not np.all(np.isfinite(waypoint)):
             raise ValueError(f"waypoint must be two finite metres (x, y), got {waypoint_xy!r}")
         self._ensure_layers(sem_map)
+        self._extend_trail(sem_map, xy)
         new_waypoint = self._waypoint is None or np.linalg.norm(waypoint - self._waypoint) > sem_map.cell_size
         if new_waypoint:
             self._waypoint = waypoint
@@ -192,7 +208,27 @@ class LocalPolicy:
         if self.collision is None or frame != self._map_frame:
             self.reset()
             self.collision = np.zeros(sem_map.shape, dtype=bool)
+            self.trail = np.zeros(sem_map.shape, dtype=bool)
             self._map_frame = frame
+
+    def _extend_trail(self, sem_map: SemanticMap, xy: np.ndarray) -> None:
+        """Mark the cells of the straight move from the last position to ``xy`` (m) as walked.
+
+        Sampled every half cell like the follower's step check, and a cell wide on each side, so
+        that stepping back along the trail on the 30 deg lattice stays on it."""
+        last = self._trail_xy if self._trail_xy is not None else xy
+        if np.linalg.norm(xy - last) > 2.0 * self.forward_step_m:  # not one move: no segment
+            last = xy
+        samples = int(math.ceil(np.linalg.norm(xy - last) / (0.5 * sem_map.cell_size))) + 1
+        t = np.linspace(0.0, 1.0, samples)[:, None]
+        cells = sem_map.to_cell(last + t * (xy - last)).reshape(-1, 2)
+        h, w = sem_map.shape
+        for dr in (-1, 0, 1):
+            for dc in (-1, 0, 1):
+                rows, cols = cells[:, 0] + dr, cells[:, 1] + dc
+                ok = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+                self.trail[rows[ok], cols[ok]] = True
+        self._trail_xy = xy
 
     def _detect_collision(self, sem_map: SemanticMap, xy: np.ndarray) -> bool:
         """Stamp the collision layer after a blocked forward move or a stuck spell; True if so."""
@@ -204,15 +240,19 @@ class LocalPolicy:
             if moved < cfg.collision_move_fraction * self.forward_step_m:
                 # The follower will not repeat this move from this cell, and the planner avoids
                 # the stamped spot (agent-centre space, not inflated: see _grids).
-                self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set()).add(
-                    _heading_key(self._last_yaw))
-                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                blocked = self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set())
+                blocked.add(_heading_key(self._last_yaw))
+                if len(blocked) < 2:
+                    self._stamp_ahead(sem_map, self._last_xy, self._last_yaw, cfg.collision_mark_radius_m)
+                else:  # the plan keeps squeezing past small marks: close every blocked heading
+                    for heading in blocked:
+                        self._stamp_ahead(sem_map, self._last_xy, heading, cfg.collision_repeat_mark_radius_m)
                 self._history.clear()
                 return True
         if len(self._history) == self._history.maxlen:
             spread = max(float(np.linalg.norm(p - xy)) for p in self._history)
             if spread < cfg.stuck_min_displacement_m:
-                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw, cfg.collision_mark_radius_m)
                 self._history.clear()
                 return True
         return False
@@ -222,11 +262,11 @@ class LocalPolicy:
         r, c = sem_map.to_cell(xy)
         return int(r), int(c)
 
-    def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> None:
-        """Mark a disk ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
+    def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float, radius_m: float) -> None:
+        """Mark a disk of ``radius_m`` ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
         centre = xy + self.cfg.collision_mark_ahead_m * np.array([math.cos(yaw), math.sin(yaw)])
         r, c = sem_map.to_cell(centre)
-        rad = max(int(round(self.cfg.collision_mark_radius_m / sem_map.cell_size)), 0)
+        rad = max(int(round(radius_m / sem_map.cell_size)), 0)
         h, w = sem_map.shape
         rr, cc = np.mgrid[-rad : rad + 1, -rad : rad + 1]
         inside = rr**2 + cc**2 <= rad**2
@@ -258,6 +298,9 @@ class LocalPolicy:
         self._clear_around(inflated, raw, sem_map, xy, (r0, c0))
         # Collision marks say where the agent's centre could not go: they are already in
         # agent-centre space, so they are not inflated (inflating them closes narrow doorways).
+        # Walked, so free (module doc, 2); but a collision mark is newer evidence than the trail:
+        # a gap walked once may not let the agent back through from another lattice offset.
+        inflated &= ~self.trail[r0:r1, c0:c1]
         collision = self.collision[r0:r1, c0:c1]
         inflated |= collision
         raw = raw | collision
@@ -278,6 +321,28 @@ class LocalPolicy:
         rr, cc = np.mgrid[r0:r1, c0:c1]
         near = (rr - r) ** 2 + (cc - c) ** 2 <= rad**2
         inflated[r0:r1, c0:c1] &= ~near | raw[r0:r1, c0:c1]
+
+    def reachable(self, sem_map: SemanticMap, xy: np.ndarray, targets_xy: np.ndarray) -> np.ndarray:
+        """bool (T,): could ``act`` plan from ``xy`` to each target (m), on the same grid (the
+        inflated obstacles, collision marks and trail, targets snapped like waypoints)?"""
+        from scipy import ndimage
+
+        self._ensure_layers(sem_map)
+        targets = np.asarray(targets_xy, dtype=np.float64).reshape(-1, 2)
+        if len(targets) == 0:
+            return np.zeros(0, dtype=bool)
+        blocked, _, (r0, r1, c0, c1) = self._grids(sem_map, xy, targets[0])
+        labels, _ = ndimage.label(~blocked[r0:r1, c0:c1], structure=np.ones((3, 3)))  # A* is 8-connected
+        r, c = sem_map.to_cell(xy) - np.array([r0, c0])
+        here = labels[r, c] if 0 <= r < r1 - r0 and 0 <= c < c1 - c0 else 0
+        out = np.zeros(len(targets), dtype=bool)
+        if here == 0:
+            return out
+        for i, target in enumerate(targets):
+            goal = self._snap_goal(sem_map, target, blocked)
+            if goal is not None and r0 <= goal[0] < r1 and c0 <= goal[1] < c1:
+                out[i] = labels[goal[0] - r0, goal[1] - c0] == here
+        return out
 
     def _needs_replan(self, sem_map: SemanticMap, xy: np.ndarray, blocked: np.ndarray) -> bool:
         if self._path is None or self._since_plan >= self.cfg.replan_every_steps:
