@@ -60,3 +60,13 @@ def test_run_writes_records_table_and_picture_and_resumes(tmp_path, capsys):
     assert (out / "episode.png").stat().st_size > 10_000
     assert main(argv) == 0  # a rerun skips finished episodes
     assert len((out / "oracle" / "episodes.jsonl").read_text().splitlines()) == 2
+
+
+def test_corpus_stats_reports_grouping_quality_and_its_ceiling(nav_memory, capsys):
+    store, _ = nav_memory
+    assert main(["corpus", "stats", "--store", store, "--json", "--ceiling"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["chunks"] == 15 - stats["actions"].get("redundant", 0) - stats["actions"].get("rejected", 0)
+    assert stats["scenes"] == 3 and 0.0 < stats["purity"] <= 1.0
+    # The real matcher needs the same overlap and finds fewer of the pairs (recall < 1).
+    assert stats["completeness"] <= stats["completeness_ceiling"] <= 1.0

@@ -15,7 +15,7 @@ import pytest
 from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
-from trajrag.memory.stats import corpus_stats
+from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
@@ -107,6 +107,16 @@ def test_trajectories_of_different_homes_do_not_merge(tmp_path, cfg, homes):
     assert stats["groups"] >= 2
     assert set(stats) >= {"chunks", "groups", "actions", "purity", "completeness", "bytes_per_chunk"}
     assert stats["bytes_per_chunk"] <= 4096
+
+
+def test_completeness_ceiling_groups_chunks_by_their_true_overlap():
+    line = np.stack([np.arange(8.0), np.zeros(8)], axis=1)  # places 1 m apart in scene a
+    chunks = [line[0:5], line[1:6] + 0.1, line[4:8], line[0:3] + [0.0, 5.0], line[0:3]]
+    scenes = ["a", "a", "a", "a", "b"]
+    # 1st and 2nd share 4 places; the 3rd shares 2 with them; the 4th none (5 m away).
+    assert completeness_ceiling(chunks, scenes, min_shared=4, radius_m=0.5) == pytest.approx(3 / 5)
+    assert completeness_ceiling(chunks, scenes, min_shared=2, radius_m=0.5) == pytest.approx(4 / 5)
+    assert completeness_ceiling(chunks, [None] * 5, min_shared=2, radius_m=0.5) is None
 
 
 @pytest.mark.parametrize("dies", ["chunks", "commits"])

@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     stats = corpus_sub.add_parser("stats", help="counts, grouping quality and size of a memory")
     stats.add_argument("--store", required=True, help="LanceDB URI")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.add_argument("--ceiling", action="store_true",
+                       help="also completeness_ceiling: the completeness a perfect matcher would reach "
+                            "with memory.min_inliers shared places (slow on big stores)")
+    add_override_arg(stats)
     stats.set_defaults(func=stats_command)
 
 
@@ -128,8 +132,11 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
 
 
 def stats_command(args: argparse.Namespace) -> int:
+    from trajrag import config
     from trajrag.memory.stats import corpus_stats
 
-    stats = corpus_stats(args.store)
+    memory_cfg = config.load("memory", args.overrides)
+    ceiling = (memory_cfg.min_inliers, memory_cfg.merge_radius_m) if args.ceiling else None
+    stats = corpus_stats(args.store, ceiling)
     print(json.dumps(stats, indent=None if args.json else 2, default=str))
     return 0
