@@ -17,9 +17,10 @@ Each ``act`` call (paper Sec. 3.3, "local policy"):
    the waypoint moves, every ``replan_every_steps`` steps, when a newly mapped obstacle blocks
    the remaining path, or when the agent is more than ``off_path_m`` from it. The agent's own
    trail (every centre position it has occupied this episode, and the straight steps between
-   them) is always plannable: it was walked, so it is free, even where obstacles mapped later
-   (chair legs, a table edge seen from the other side) inflate over the gap the agent came
-   through. Without it an agent that squeezed into a pocket can find every way out closed.
+   them) is plannable: it was walked, so it is free, even where obstacles mapped later (chair
+   legs, a table edge seen from the other side) inflate over the gap the agent came through;
+   only a collision mark overrides it. Without it an agent that squeezed into a pocket can find
+   every way out closed (the agent loop then retraces its exact moves, ``agent.navigator``).
 3. **Following** on the action lattice: of the headings one or more turns away, take the one
    whose forward step lands lowest on the plan's cost-to-go field while staying clear of the
    inflated obstacles along the whole step; turn toward it, or MOVE_FORWARD once facing it. With
@@ -65,7 +66,6 @@ class PolicyConfig:
     collision_move_fraction: float
     collision_mark_ahead_m: float
     collision_mark_radius_m: float
-    collision_repeat_mark_radius_m: float
     stuck_window_steps: int
     stuck_min_displacement_m: float
     max_recoveries: int
@@ -103,7 +103,6 @@ def validate_config(cfg: PolicyConfig) -> None:
         "goal_snap_radius_m",
         "window_margin_m",
         "collision_mark_radius_m",
-        "collision_repeat_mark_radius_m",
     ):
         if getattr(cfg, key) < 0:
             raise ValueError(f"policy.{key} must be >= 0, got {getattr(cfg, key)}")
@@ -240,19 +239,15 @@ class LocalPolicy:
             if moved < cfg.collision_move_fraction * self.forward_step_m:
                 # The follower will not repeat this move from this cell, and the planner avoids
                 # the stamped spot (agent-centre space, not inflated: see _grids).
-                blocked = self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set())
-                blocked.add(_heading_key(self._last_yaw))
-                if len(blocked) < 2:
-                    self._stamp_ahead(sem_map, self._last_xy, self._last_yaw, cfg.collision_mark_radius_m)
-                else:  # the plan keeps squeezing past small marks: close every blocked heading
-                    for heading in blocked:
-                        self._stamp_ahead(sem_map, self._last_xy, heading, cfg.collision_repeat_mark_radius_m)
+                self._blocked_moves.setdefault(self._cell_key(sem_map, self._last_xy), set()).add(
+                    _heading_key(self._last_yaw))
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
                 self._history.clear()
                 return True
         if len(self._history) == self._history.maxlen:
             spread = max(float(np.linalg.norm(p - xy)) for p in self._history)
             if spread < cfg.stuck_min_displacement_m:
-                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw, cfg.collision_mark_radius_m)
+                self._stamp_ahead(sem_map, self._last_xy, self._last_yaw)
                 self._history.clear()
                 return True
         return False
@@ -262,11 +257,11 @@ class LocalPolicy:
         r, c = sem_map.to_cell(xy)
         return int(r), int(c)
 
-    def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float, radius_m: float) -> None:
-        """Mark a disk of ``radius_m`` ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
+    def _stamp_ahead(self, sem_map: SemanticMap, xy: np.ndarray, yaw: float) -> None:
+        """Mark a disk ``collision_mark_ahead_m`` in front of ``xy`` (m) as blocked."""
         centre = xy + self.cfg.collision_mark_ahead_m * np.array([math.cos(yaw), math.sin(yaw)])
         r, c = sem_map.to_cell(centre)
-        rad = max(int(round(radius_m / sem_map.cell_size)), 0)
+        rad = max(int(round(self.cfg.collision_mark_radius_m / sem_map.cell_size)), 0)
         h, w = sem_map.shape
         rr, cc = np.mgrid[-rad : rad + 1, -rad : rad + 1]
         inside = rr**2 + cc**2 <= rad**2
@@ -296,11 +291,11 @@ class LocalPolicy:
             raw = raw | ~sem_map.explored[r0:r1, c0:c1]
         inflated = dilate_disk(raw, cfg.inflation_radius_m / sem_map.cell_size)
         self._clear_around(inflated, raw, sem_map, xy, (r0, c0))
-        # Collision marks say where the agent's centre could not go: they are already in
-        # agent-centre space, so they are not inflated (inflating them closes narrow doorways).
         # Walked, so free (module doc, 2); but a collision mark is newer evidence than the trail:
         # a gap walked once may not let the agent back through from another lattice offset.
         inflated &= ~self.trail[r0:r1, c0:c1]
+        # Collision marks say where the agent's centre could not go: they are already in
+        # agent-centre space, so they are not inflated (inflating them closes narrow doorways).
         collision = self.collision[r0:r1, c0:c1]
         inflated |= collision
         raw = raw | collision
