@@ -75,3 +75,18 @@ def test_a_bad_frame_is_skipped_with_a_warning_not_fatal(world, caplog):
         agent.builder.observe(obs_bad_pose)
     assert agent.builder.skipped_frames == 1 and "frame skipped" in caplog.text
     assert agent.act(sim.reset(scene, episodes[0].start_pose())) is not None  # the episode goes on
+
+
+def test_an_explorer_trapped_in_a_pocket_retraces_its_moves_and_finds_the_goal():
+    # Procedural val home 7, episode 0: the explorer squeezes between a dining table's chairs
+    # and a shelf; seen from inside, the way in maps closed, and every frontier is unreachable.
+    # Before retracing it stopped there with "no frontier left" (and, with the trail alone,
+    # bounced between two cells until the budget ran out).
+    scenes = load_scenes("procedural:val:7-8")
+    episode = next(e for e in load_episodes("generated:5", scenes) if e.episode_id.endswith(":0"))
+    sim_cfg = config.load("sim")  # the full 640x480 render is what maps the pocket closed
+    agent = make_frontier_agent(sim_cfg)
+    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    assert agent.stats.retrace_moves > 0, "the pocket was entered and walked out of"
+    assert agent.stats.retrace_moves <= agent.cfg.max_retrace_moves
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
