@@ -17,6 +17,7 @@ import torch
 
 from trajrag.encoder import EncoderError, load_config
 from trajrag.encoder.data import (
+    crop_sequence,
     sample_pairs,
     split_scenes,
     synthetic_store,
@@ -168,6 +169,21 @@ def test_pairs_come_from_the_group_else_the_goal_and_workers_get_equal_batches()
     assert pairs[3] == 4 and pairs[4] == 3  # alone in their groups: same goal
     batches = [worker_batches(anchors, positives, 2, rank, 2) for rank in (0, 1)]
     assert [len(a) for a, _ in batches[0]] == [len(a) for a, _ in batches[1]] == [2]
+
+
+def test_crop_positives_pair_a_lone_chunk_with_a_contiguous_part_of_itself():
+    group = np.array([0, 0, 1, 2])
+    goal = np.array([5, 5, 7, 7])
+    anchors, positives = sample_pairs(group, goal, np.random.default_rng(0), fallback="crop")
+    pairs = dict(zip(anchors.tolist(), positives.tolist()))
+    assert pairs == {0: 1, 1: 0, 2: 2, 3: 3}  # group-mates first; alone: itself, never a goal-mate
+    seq = np.arange(10)[:, None] * np.ones((1, 3))
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        crop = crop_sequence(seq, rng, 0.5)
+        assert 5 <= len(crop) <= 10
+        assert np.array_equal(crop[:, 0], np.arange(crop[0, 0], crop[0, 0] + len(crop)))  # contiguous
+    assert len(crop_sequence(seq[:2], rng, 0.5)) == 2  # never shorter than 2 nodes
 
 
 def test_held_out_scenes_are_deterministic_disjoint_and_leave_training_scenes():

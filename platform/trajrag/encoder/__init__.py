@@ -82,6 +82,9 @@ class TrainConfig:
     poll (each report waits for it). storage_path: Ray Train run folder; empty = ``<out>/runs``.
     ray_address: an existing Ray cluster; empty = the current one or a new local one.
     wandb_mode: ``offline``, ``online`` or ``disabled``. wandb_project: the W&B project.
+    positive_fallback: a chunk alone in its group gets a positive with its goal (``goal``, the
+    paper) or a random crop of itself (``crop``: a contiguous run of at least
+    ``crop_min_fraction`` of its nodes, at least 2).
     """
 
     epochs: int
@@ -101,6 +104,14 @@ class TrainConfig:
     ray_address: str
     wandb_mode: str
     wandb_project: str
+    positive_fallback: str
+    crop_min_fraction: float
+
+    def __post_init__(self) -> None:
+        if self.positive_fallback not in ("goal", "crop"):
+            raise ValueError(f"encoder.train.positive_fallback must be goal or crop, got {self.positive_fallback!r}")
+        if not 0.0 < self.crop_min_fraction <= 1.0:
+            raise ValueError(f"encoder.train.crop_min_fraction must be in (0, 1], got {self.crop_min_fraction}")
 
 
 @dataclass

@@ -141,10 +141,11 @@ def encode_records(records: Sequence[ChunkRecord], names: Mapping[int, str],
         goals=goals)
 
 
-def sample_pairs(group: np.ndarray, goal: np.ndarray,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(anchors, positives), shuffled: for each chunk a random other member of its group, else a
-    random other chunk with its goal; chunks with neither are left out."""
+def sample_pairs(group: np.ndarray, goal: np.ndarray, rng: np.random.Generator,
+                 fallback: str = "goal") -> tuple[np.ndarray, np.ndarray]:
+    """(anchors, positives), shuffled: for each chunk a random other member of its group, else
+    (``fallback="goal"``) a random other chunk with its goal, chunks with neither left out, or
+    (``"crop"``) the chunk itself, to be cropped (``crop_sequence``) by the training step."""
     by_group: dict[int, np.ndarray] = {}
     by_goal: dict[int, np.ndarray] = {}
     for table, values in ((by_group, group), (by_goal, goal)):
@@ -156,6 +157,10 @@ def sample_pairs(group: np.ndarray, goal: np.ndarray,
     anchors, positives = [], []
     for i in rng.permutation(len(group)):
         pool = by_group[int(group[i])]
+        if len(pool) < 2 and fallback == "crop":
+            anchors.append(int(i))
+            positives.append(int(i))
+            continue
         if len(pool) < 2:
             pool = by_goal[int(goal[i])]
         if len(pool) < 2:
@@ -166,6 +171,16 @@ def sample_pairs(group: np.ndarray, goal: np.ndarray,
         anchors.append(int(i))
         positives.append(j)
     return np.asarray(anchors, dtype=np.int64), np.asarray(positives, dtype=np.int64)
+
+
+def crop_sequence(seq: np.ndarray, rng: np.random.Generator, min_fraction: float) -> np.ndarray:
+    """A random contiguous run of ``seq``'s rows: at least ``min_fraction`` of them and at least
+    2 (or all, for shorter sequences). Walks through one place share such runs."""
+    k = len(seq)
+    shortest = min(k, max(2, int(np.ceil(min_fraction * k))))
+    length = int(rng.integers(shortest, k + 1))
+    start = int(rng.integers(0, k - length + 1))
+    return seq[start:start + length]
 
 
 def worker_batches(anchors: np.ndarray, positives: np.ndarray, batch_size: int, rank: int,

@@ -39,6 +39,7 @@ from trajrag import config as config_mod
 from trajrag.encoder import EncoderConfig, EncoderError, load_config
 from trajrag.encoder.data import (
     EncodedSet,
+    crop_sequence,
     encode_records,
     read_records,
     sample_pairs,
@@ -180,8 +181,9 @@ def _wandb_run(cfg: EncoderConfig, config: Mapping[str, Any], resumed_from: int)
 
 
 def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int, world: int,
-           device) -> tuple[float, int]:
-    """One pass over this worker's batches; returns (summed loss x pairs, pairs)."""
+           device, rng: np.random.Generator) -> tuple[float, int]:
+    """One pass over this worker's batches; returns (summed loss x pairs, pairs). A positive
+    that is its own anchor (``positive_fallback: crop``) is replaced by a crop of it."""
     import torch
 
     from trajrag.encoder.model import pad_sequences, unwrap
@@ -191,7 +193,10 @@ def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int,
     total, count = 0.0, 0
     for a, p in batches:
         index = np.concatenate([a, p])
-        nodes, mask = pad_sequences(data.sequences(index), max_nodes)
+        sequences = data.sequences(index)
+        for k in np.flatnonzero(a == p):
+            sequences[len(a) + k] = crop_sequence(sequences[len(a) + k], rng, cfg.train.crop_min_fraction)
+        nodes, mask = pad_sequences(sequences, max_nodes)
         z = model(torch.from_numpy(nodes).to(device), torch.from_numpy(mask).to(device),
                   torch.from_numpy(data.goal_vectors(index)).to(device))
         groups = torch.from_numpy(data.group[index]).to(device)
@@ -234,10 +239,12 @@ def train_loop_per_worker(config: dict) -> dict:
     for epoch in range(state["epoch"] + 1, cfg.train.epochs):
         _maybe_fail(config.get("fault"), epoch, rank)
         anchors, positives = sample_pairs(data.group, data.goal_code,
-                                          np.random.default_rng([cfg.train.seed, epoch]))
+                                          np.random.default_rng([cfg.train.seed, epoch]),
+                                          cfg.train.positive_fallback)
         batches = worker_batches(anchors, positives, cfg.train.batch_size, rank, world)
         start = time.perf_counter()
-        total, count = _epoch(model, opt, data, batches, cfg, rank, world, device)
+        crop_rng = np.random.default_rng([cfg.train.seed, epoch, rank])
+        total, count = _epoch(model, opt, data, batches, cfg, rank, world, device, crop_rng)
         seconds = time.perf_counter() - start
         if world > 1:
             # On the worker's device: NCCL (GPU workers) reduces device tensors only.
