@@ -74,9 +74,8 @@ def _schema(section: str) -> type:
 def load(section: str, overrides: Sequence[str] = ()) -> Any:
     """Load one section as its typed dataclass.
 
-    ``overrides`` are ``key=value`` strings relative to the section (``width=160``) or prefixed
-    with it (``sim.width=160``); overrides for other sections are ignored, so one list can be
-    passed to every section.
+    ``overrides`` are ``section.key=value`` strings (``sim.width=160``); overrides for other
+    sections (or without a section) are ignored, so one list can be passed to every section.
     """
     schema = _schema(section)
     path = config_dir() / f"{section}.yaml"
