@@ -84,7 +84,7 @@ class TrainConfig:
     wandb_mode: ``offline``, ``online`` or ``disabled``. wandb_project: the W&B project.
     positive_fallback: a chunk alone in its group gets a positive with its goal (``goal``, the
     paper) or a random crop of itself (``crop``: a contiguous run of at least
-    ``crop_min_fraction`` of its nodes, at least 2).
+    ``crop_min_fraction`` of its nodes, at least 2) or either with even odds (``goal_or_crop``).
     """
 
     epochs: int
@@ -108,8 +108,9 @@ class TrainConfig:
     crop_min_fraction: float
 
     def __post_init__(self) -> None:
-        if self.positive_fallback not in ("goal", "crop"):
-            raise ValueError(f"encoder.train.positive_fallback must be goal or crop, got {self.positive_fallback!r}")
+        if self.positive_fallback not in ("goal", "crop", "goal_or_crop"):
+            raise ValueError("encoder.train.positive_fallback must be goal, crop or goal_or_crop, "
+                             f"got {self.positive_fallback!r}")
         if not 0.0 < self.crop_min_fraction <= 1.0:
             raise ValueError(f"encoder.train.crop_min_fraction must be in (0, 1], got {self.crop_min_fraction}")
 

@@ -145,7 +145,8 @@ def sample_pairs(group: np.ndarray, goal: np.ndarray, rng: np.random.Generator,
                  fallback: str = "goal") -> tuple[np.ndarray, np.ndarray]:
     """(anchors, positives), shuffled: for each chunk a random other member of its group, else
     (``fallback="goal"``) a random other chunk with its goal, chunks with neither left out, or
-    (``"crop"``) the chunk itself, to be cropped (``crop_sequence``) by the training step."""
+    (``"crop"``) the chunk itself, to be cropped (``crop_sequence``) by the training step, or
+    (``"goal_or_crop"``) either, with even odds per chunk and epoch."""
     by_group: dict[int, np.ndarray] = {}
     by_goal: dict[int, np.ndarray] = {}
     for table, values in ((by_group, group), (by_goal, goal)):
@@ -157,7 +158,8 @@ def sample_pairs(group: np.ndarray, goal: np.ndarray, rng: np.random.Generator,
     anchors, positives = [], []
     for i in rng.permutation(len(group)):
         pool = by_group[int(group[i])]
-        if len(pool) < 2 and fallback == "crop":
+        crop = fallback == "crop" or (fallback == "goal_or_crop" and rng.random() < 0.5)
+        if len(pool) < 2 and crop:
             anchors.append(int(i))
             positives.append(int(i))
             continue
