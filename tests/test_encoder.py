@@ -177,6 +177,9 @@ def test_crop_positives_pair_a_lone_chunk_with_a_contiguous_part_of_itself():
     anchors, positives = sample_pairs(group, goal, np.random.default_rng(0), fallback="crop")
     pairs = dict(zip(anchors.tolist(), positives.tolist()))
     assert pairs == {0: 1, 1: 0, 2: 2, 3: 3}  # group-mates first; alone: itself, never a goal-mate
+    lone = [dict(zip(*(x.tolist() for x in sample_pairs(group, goal, np.random.default_rng(seed), "goal_or_crop"))))[2]
+            for seed in range(40)]
+    assert set(lone) == {2, 3}  # goal_or_crop: sometimes itself, sometimes its goal-mate
     seq = np.arange(10)[:, None] * np.ones((1, 3))
     rng = np.random.default_rng(1)
     for _ in range(50):
