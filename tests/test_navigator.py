@@ -90,3 +90,14 @@ def test_an_explorer_trapped_in_a_pocket_retraces_its_moves_and_finds_the_goal()
     assert agent.stats.retrace_moves > 0, "the pocket was entered and walked out of"
     assert agent.stats.retrace_moves <= agent.cfg.max_retrace_moves
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
+
+
+def test_retracing_skips_the_loops_of_the_walk():
+    from trajrag.agent.navigator import loop_erased
+
+    walk = [np.array(p, dtype=float) for p in
+            [(0, 0), (0.25, 0), (0.5, 0), (0.5, 0.25), (0.25, 0), (0.25, -0.25), (0.5, 0), (0.75, 0)]]
+    path = [tuple(p) for p in loop_erased(walk)]
+    # Back at (0.25, 0): the loop through (0.5, 0) and (0.5, 0.25) is cut; what follows stays.
+    assert path == [(0, 0), (0.25, 0), (0.25, -0.25), (0.5, 0), (0.75, 0)]
+    assert len(loop_erased(walk + walk[::-1])) == 1  # walked out and all the way back: home

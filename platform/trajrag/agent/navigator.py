@@ -164,7 +164,7 @@ class Navigator:
         the budget is spent, or a frontier is reachable after all."""
         if self.stats.retrace_moves >= self.cfg.max_retrace_moves or len(self.visited) < 2:
             return None
-        self.retrace_path = list(self.visited[:-1])
+        self.retrace_path = loop_erased(self.visited)[:-1]
         self.retrace_forward = False
         return self._retrace(obs)
 
@@ -175,6 +175,8 @@ class Navigator:
         xy = obs.pose.xy
         while self.retrace_path and np.linalg.norm(self.retrace_path[-1] - xy) <= _SAME_POSITION_M:
             self.retrace_path.pop()
+        # Walking back undoes the excursion: a later retrace must not lead into the pocket again.
+        self.visited = [*self.retrace_path, np.asarray(xy, dtype=np.float64).copy()]
         stalled = self.retrace_forward and obs.collided  # a reverse move failed: give up
         if (stalled or not self.retrace_path or self.stats.retrace_moves >= self.cfg.max_retrace_moves
                 or self._frontier_reachable(obs)):
@@ -313,6 +315,23 @@ def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], infla
 # Two positions this close (m) are one: the simulator's positions repeat exactly when a move is
 # reversed; 1 cm absorbs float rounding, far below the 0.25 m step.
 _SAME_POSITION_M = 0.01
+
+
+def loop_erased(positions: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The positions with every loop cut out (a return to a place drops what lay between), so
+    walking the result backwards repeats no detour. Consecutive entries stay one real move apart:
+    a place revisited is the same point, reached by the same move."""
+    out: list[np.ndarray] = []
+    seen: dict[tuple[int, int], int] = {}
+    for p in positions:
+        key = (int(round(p[0] / _SAME_POSITION_M)), int(round(p[1] / _SAME_POSITION_M)))
+        if key in seen:
+            del out[seen[key] + 1:]
+            seen = {k: i for k, i in seen.items() if i <= seen[key]}
+        else:
+            seen[key] = len(out)
+            out.append(p)
+    return out
 
 
 def _stable_hash(text: str) -> int:

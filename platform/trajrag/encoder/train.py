@@ -183,7 +183,8 @@ def _wandb_run(cfg: EncoderConfig, config: Mapping[str, Any], resumed_from: int)
 def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int, world: int,
            device, rng: np.random.Generator) -> tuple[float, int]:
     """One pass over this worker's batches; returns (summed loss x pairs, pairs). A positive
-    that is its own anchor (``positive_fallback: crop``) is replaced by a crop of it."""
+    that is its own anchor (``positive_fallback: crop`` or ``goal_or_crop``) is replaced by a
+    crop of it."""
     import torch
 
     from trajrag.encoder.model import pad_sequences, unwrap
