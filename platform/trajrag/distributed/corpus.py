@@ -44,7 +44,15 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.exceptions import ActorDiedError, RayError
 
-from trajrag.distributed.shards import ActorDown, SceneCache, Shard, ShardRun, SlotStats, first_line
+from trajrag.distributed.shards import (
+    ActorDown,
+    SceneCache,
+    Shard,
+    ShardRun,
+    SlotStats,
+    first_line,
+    timed_items,
+)
 
 # Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
 # (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
@@ -144,18 +152,17 @@ class CollectorWorker:
         """Run ``episodes`` (planned indices ``indices``) one by one, yielding an ``EpisodeItem``
         for each. ``scene_refs``: scene name -> object ref (nested in a dict, so Ray passes the
         refs and the actor fetches only the scenes it has not cached)."""
-        for index, episode in zip(indices, episodes):
-            started, cpu = time.perf_counter(), time.process_time()
-            try:
-                scene = self.scenes.get(episode.scene_key, scene_refs)
-                got = self.collector.collect_one(episode, scene, self.policy)
-                metrics = got.result.metrics
-                item = EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
-                                   float(metrics.spl), int(metrics.steps))
-            except Exception as exc:  # noqa: BLE001 - one bad episode never stops a collector
-                item = EpisodeItem(index, error=f"{type(exc).__name__}: {exc}")
-            item.seconds = time.perf_counter() - started
-            item.cpu_seconds = time.process_time() - cpu
+        def collect_one(index: int, episode: Any) -> EpisodeItem:
+            scene = self.scenes.get(episode.scene_key, scene_refs)
+            got = self.collector.collect_one(episode, scene, self.policy)
+            metrics = got.result.metrics
+            return EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
+                               float(metrics.spl), int(metrics.steps))
+
+        def failed(index: int, exc: Exception) -> EpisodeItem:
+            return EpisodeItem(index, error=f"{type(exc).__name__}: {exc}")
+
+        for item in timed_items(indices, episodes, collect_one, failed):
             self.finished += 1
             if self.fault and self.fault.collector_exit_after_episodes == self.finished:
                 self.fault.fire()

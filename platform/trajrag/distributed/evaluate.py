@@ -50,7 +50,15 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from trajrag.agent.evaluate import AgentRun
 from trajrag.distributed.corpus import FaultPlan, ensure_ray
-from trajrag.distributed.shards import ActorDown, SceneCache, Shard, ShardRun, SlotStats, first_line
+from trajrag.distributed.shards import (
+    ActorDown,
+    SceneCache,
+    Shard,
+    ShardRun,
+    SlotStats,
+    first_line,
+    timed_items,
+)
 from trajrag.distributed.serve_planner import PlannerServeConfig
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
@@ -128,18 +136,17 @@ class EvaluatorWorker:
         from trajrag.agent.evaluate import _record
         from trajrag.distributed.serve_planner import ServeUnavailableError
 
-        for index, episode in zip(indices, episodes):
-            started, cpu = time.perf_counter(), time.process_time()
-            try:
-                scene = self.scenes.get(episode.scene_key, scene_refs)
-                result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
-                item = EvalItem(index, record=_record(result, self.agent))
-            except ServeUnavailableError as exc:
-                item = EvalItem(index, error=str(exc), transient=True)
-            except Exception as exc:  # noqa: BLE001 - one bad episode never stops an evaluator
-                item = EvalItem(index, error=f"{type(exc).__name__}: {exc}")
-            item.seconds = time.perf_counter() - started
-            item.cpu_seconds = time.process_time() - cpu
+        def evaluate_one(index: int, episode: Any) -> EvalItem:
+            scene = self.scenes.get(episode.scene_key, scene_refs)
+            result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
+            return EvalItem(index, record=_record(result, self.agent))
+
+        def failed(index: int, exc: Exception) -> EvalItem:
+            if isinstance(exc, ServeUnavailableError):  # Serve restarting: the episode is re-queued
+                return EvalItem(index, error=str(exc), transient=True)
+            return EvalItem(index, error=f"{type(exc).__name__}: {exc}")
+
+        for item in timed_items(indices, episodes, evaluate_one, failed):
             self.finished += 1
             if self.fault and self.fault.evaluator_exit_after_episodes == self.finished:
                 self.fault.fire()
@@ -174,17 +181,17 @@ class ShardedRun(AgentRun):
 
     @property
     def records(self) -> Path:
-        if self.shard is None or self.shard[1] == 1:
-            return self.directory / "episodes.jsonl"
-        i, n = self.shard
-        return self.directory / f"episodes.shard-{i}-of-{n}.jsonl"
+        return self._shard_file("episodes", ".jsonl")
 
     @property
     def summary_path(self) -> Path:
+        return self._shard_file("summary", ".json")
+
+    def _shard_file(self, stem: str, suffix: str) -> Path:
         if self.shard is None or self.shard[1] == 1:
-            return self.directory / "summary.json"
+            return self.directory / f"{stem}{suffix}"
         i, n = self.shard
-        return self.directory / f"summary.shard-{i}-of-{n}.json"
+        return self.directory / f"{stem}.shard-{i}-of-{n}{suffix}"
 
     def finished(self) -> dict[tuple[str, str], dict]:
         done: dict[tuple[str, str], dict] = {}

@@ -8,9 +8,10 @@ store.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import ray
 
@@ -54,6 +55,22 @@ class ActorDown:
     since: float
     ref: Any = None
     retry_at: float = 0.0
+
+
+def timed_items(indices: Sequence[int], episodes: Sequence[Any], run_one: Callable[[int, Any], Any],
+                failed: Callable[[int, Exception], Any]) -> Iterator[Any]:
+    """The actors' per-episode loop: ``run_one(index, episode)`` for each, or ``failed(index,
+    exc)`` when it raises (one bad episode never stops an actor), with the item's ``seconds``
+    (wall) and ``cpu_seconds`` set."""
+    for index, episode in zip(indices, episodes):
+        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            item = run_one(index, episode)
+        except Exception as exc:  # noqa: BLE001 - reported in the item, the actor goes on
+            item = failed(index, exc)
+        item.seconds = time.perf_counter() - started
+        item.cpu_seconds = time.process_time() - cpu
+        yield item
 
 
 def first_line(exc: BaseException) -> str:
