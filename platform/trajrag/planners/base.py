@@ -59,6 +59,21 @@ def previous_target(ctx: PlannerContext, radius_m: float) -> np.ndarray:
     return np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= radius_m
 
 
+class RetrievalTimings:
+    """Per-episode retrieval timings for the evaluation records: a planner that retrieves appends
+    milliseconds to ``retrieval_ms`` and gets ``reset`` and ``episode_stats`` from here."""
+
+    def __init__(self) -> None:
+        self.retrieval_ms: list[float] = []
+
+    def reset(self, goal: str, seed: int) -> None:
+        self.retrieval_ms = []
+
+    def episode_stats(self) -> dict:
+        """Per-episode counters for the evaluation records (``agent/evaluate.py``)."""
+        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms], "fallbacks": 0}
+
+
 class Planner(Protocol):
     """Chooses a candidate path; ``choose`` returns an index into ``ctx.candidates``."""
 

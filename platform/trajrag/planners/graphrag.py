@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
+from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, previous_target
 from trajrag.planners.scoring import end_objects
 
 
@@ -80,20 +80,14 @@ class SceneGraph:
         return sorted((s for s in scored if s[1] > 0), key=lambda s: -s[1])[:k]
 
 
-class GraphRAGPlanner:
+class GraphRAGPlanner(RetrievalTimings):
     """Frontier scoring by scene-graph relations (see the module docstring)."""
 
     name = "graphrag"
 
     def __init__(self, graph: SceneGraph, cfg: GraphRAGConfig) -> None:
+        super().__init__()
         self.graph, self.cfg = graph, cfg
-        self.retrieval_ms: list[float] = []
-
-    def reset(self, goal: str, seed: int) -> None:
-        self.retrieval_ms = []
-
-    def episode_stats(self) -> dict:
-        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms], "fallbacks": 0}
 
     def choose(self, ctx: PlannerContext) -> int:
         start = time.perf_counter()

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
+from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, previous_target
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -39,7 +39,7 @@ class ScoringConfig:
     end_nodes: int
 
 
-class ScoringPlanner:
+class ScoringPlanner(RetrievalTimings):
     """Picks the candidate with the best experience-weighted score (see the module docstring).
 
     ``retriever``: anything with ``retrieve(trajectories, goal) -> DecisionRetrieval``. After each
@@ -49,18 +49,11 @@ class ScoringPlanner:
     name = "trajrag"
 
     def __init__(self, retriever: Any, cfg: ScoringConfig) -> None:
+        super().__init__()
         self.retriever = retriever
         self.cfg = cfg
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
-        self.retrieval_ms: list[float] = []
-
-    def reset(self, goal: str, seed: int) -> None:
-        self.retrieval_ms = []
-
-    def episode_stats(self) -> dict:
-        """Per-episode counters for the evaluation records."""
-        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms], "fallbacks": 0}
 
     def choose(self, ctx: PlannerContext) -> int:
         retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal)
