@@ -97,7 +97,6 @@ class Navigator:
         self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
         self.blacklist_resets = 0
         self.goal_blocked = False
-        self.visited: list[np.ndarray] = []  # distinct positions in visiting order (m)
         self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
         self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
         self.stats = NavigatorStats()
@@ -111,8 +110,6 @@ class Navigator:
 
     def _act(self, obs: Observations) -> Action:
         self.builder.observe(obs)
-        if not self.visited or np.linalg.norm(obs.pose.xy - self.visited[-1]) > _SAME_POSITION_M:
-            self.visited.append(np.asarray(obs.pose.xy, dtype=np.float64).copy())
         if self.spin_left > 0:  # a first look around, as SemExp / VLFM do, so frontiers are real
             self.spin_left -= 1
             self.policy.interrupt()
@@ -160,23 +157,25 @@ class Navigator:
 
     # -- retracing ------------------------------------------------------------------------------
     def _start_retrace(self, obs: Observations) -> Optional[Action]:
-        """Begin walking back along the visited positions; None if there is nothing to retrace,
-        the budget is spent, or a frontier is reachable after all."""
-        if self.stats.retrace_moves >= self.cfg.max_retrace_moves or len(self.visited) < 2:
+        """Begin walking back along the positions of the pose history (the map builder's, the
+        current one last), loops cut: walking back already makes a loop, so a later retrace never
+        leads into the pocket again. None if there is nothing to retrace, the budget is spent, or a
+        frontier is reachable after all."""
+        if self.stats.retrace_moves >= self.cfg.max_retrace_moves:
             return None
-        self.retrace_path = loop_erased(self.visited)[:-1]
+        self.retrace_path = loop_erased([np.array(p[:2]) for p in self.builder.poses])[:-1]
+        if not self.retrace_path:
+            return None
         self.retrace_forward = False
         return self._retrace(obs)
 
     def _retrace(self, obs: Observations) -> Optional[Action]:
-        """The next action back toward the previous visited position, or None (retracing over)
+        """The next action back toward the previous position on the path, or None (retracing over)
         once a frontier is reachable from here, the path is used up or the budget spent. Each
         reverse move is the exact reverse of a forward move the simulator made, so it is free."""
         xy = obs.pose.xy
         while self.retrace_path and np.linalg.norm(self.retrace_path[-1] - xy) <= _SAME_POSITION_M:
             self.retrace_path.pop()
-        # Walking back undoes the excursion: a later retrace must not lead into the pocket again.
-        self.visited = [*self.retrace_path, np.asarray(xy, dtype=np.float64).copy()]
         stalled = self.retrace_forward and obs.collided  # a reverse move failed: give up
         if (stalled or not self.retrace_path or self.stats.retrace_moves >= self.cfg.max_retrace_moves
                 or self._frontier_reachable(obs)):
