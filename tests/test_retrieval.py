@@ -187,13 +187,17 @@ def _eval(*args):
 def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path):
     store, model_dir = nav_memory
     out = tmp_path / "eval"
-    run = _eval("--planner", "trajrag,frontier,graphrag", "--store", store, "--model", model_dir, "--out", str(out))
+    run = _eval("--planner", "trajrag,frontier,graphrag", "--store", store, "--model", model_dir, "--out", str(out),
+                "--audit-decisions")
     assert run.returncode == 0, run.stderr[-2000:]
     runs = json.loads(run.stdout.strip().splitlines()[-1])["runs"]
     assert set(runs) == {"trajrag", "frontier", "graphrag"}
     for name, summary in runs.items():
         assert summary["episodes"] == 2 and 0.0 <= summary["sr"] <= 1.0 and 0.0 <= summary["spl"] <= 1.0
         assert summary["planner_calls"] > 0 and summary["fallbacks"] == 0
+        # every planner's decisions audited, with its own scores
+        assert summary["decisions_audited"] == summary["planner_calls"]
+        assert 0.0 <= summary["decision_best_rate"] <= 1.0 and summary["decision_score_rho_n"] > 0
     assert runs["trajrag"]["retrieval_ms_p50"] > 0 and runs["frontier"]["retrieval_ms_p50"] is None
     records = (out / "trajrag" / "episodes.jsonl").read_text().splitlines()
     assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]
@@ -205,6 +209,15 @@ def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["label"] == "trajrag-no_coarse"
     assert len((out / "trajrag" / "episodes.jsonl").read_text().splitlines()) == 2  # untouched
     assert "| trajrag-no_coarse |" in (out / "results.md").read_text()  # the table spans both calls
+
+
+def test_decision_audit_refuses_the_ray_job_with_a_clear_error(tmp_path, capsys):
+    from trajrag.cli import main
+
+    argv = ["eval", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--planner", "frontier",
+            "--out", str(tmp_path), "--audit-decisions", "--workers", "2"]
+    assert main(argv) == 2
+    assert "--audit-decisions" in capsys.readouterr().err
 
 
 def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_path):

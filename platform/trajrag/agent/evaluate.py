@@ -16,13 +16,14 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from trajrag.agent.decisions import AuditConfig
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.metrics import EpisodeMetrics, summarize
 from trajrag.world.scene import Scene
 
 TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions", "planner_calls",
-                 "fallbacks", "retrieval_ms_p50")
+                 "fallbacks", "retrieval_ms_p50", "decision_best_rate", "decision_score_rho")
 
 
 @dataclass
@@ -53,10 +54,14 @@ class AgentRun:
 
 def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: Sequence[ObjectNavEpisode],
                    scenes: Sequence[Scene], out_dir: Path, episode_cfg, progress: bool = True,
-                   on_episode: Callable[[dict, object], None] | None = None) -> dict:
+                   on_episode: Callable[[dict, object], None] | None = None,
+                   audit: AuditConfig | None = None) -> dict:
     """Run one agent on every episode not yet in ``out_dir/name/episodes.jsonl`` and summarise all.
 
     ``on_episode(record, agent)`` runs after each episode is written (lifelong memory inserts).
+    ``audit``: record every planner decision against the privileged geodesic field into the
+    episode records (``agent/decisions.py``; navigators only) and add ``decision_quality`` to
+    the summary over the episodes that carry an audit.
     Returns ``summarize`` of the metrics (``episodes``, ``sr``, ``spl``, ``dtg_m``, ...) plus the
     planner's counters (``planner_calls``, ``fallbacks``, ``retrieval_ms_p50``).
     """
@@ -68,8 +73,12 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     agent = make_agent()
     with run.records.open("a") as sink:
         for episode in tqdm(todo, desc=f"eval {name}", unit="ep", disable=not progress):
-            result = run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=episode_cfg)
+            scene = by_name[episode.scene_key]
+            audited = _start_audit(agent, scene, episode, episode_cfg, audit)
+            result = run_episode(sim, agent, episode, scene, cfg=episode_cfg)
             record = _record(result, agent)
+            if audited is not None:
+                record["decisions"] = audited.records()
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             done[(record["scene_key"], record["episode_id"])] = record
@@ -78,8 +87,28 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     wanted = sorted({(e.scene_key, str(e.episode_id)) for e in episodes})
     summary = summarize([_metrics(done[key]["metrics"]) for key in wanted])
     summary.update(planner_counters([done[key] for key in wanted]))
+    if audit is not None:
+        from trajrag.agent.decisions import decision_quality
+
+        summary.update(decision_quality([done[key]["decisions"] for key in wanted if "decisions" in done[key]],
+                                        audit.tolerance_m))
     (run.directory / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     return summary
+
+
+def _start_audit(agent, scene: Scene, episode: ObjectNavEpisode, episode_cfg, audit: AuditConfig | None):
+    """Hook a fresh ``DecisionAudit`` into a navigator for one episode (None: no audit)."""
+    if audit is None:
+        return None
+    if not hasattr(agent, "decision_observer"):
+        raise ValueError(f"the decision audit needs a navigator agent (frontier, random, trajrag, graphrag, "
+                         f"llm), not {type(agent).__name__}")
+    from trajrag.agent.decisions import DecisionAudit
+    from trajrag.world.episode_gen import scene_goal_field
+
+    agent.decision_observer = DecisionAudit(scene, scene_goal_field(scene, episode.object_category, episode_cfg),
+                                            audit.search_radius_m)
+    return agent.decision_observer
 
 
 def _record(result: EpisodeResult, agent) -> dict:

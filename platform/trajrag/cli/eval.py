@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajrag.agent.decisions import AuditConfig
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
@@ -22,9 +23,11 @@ RETRIEVING_PLANNERS = ("trajrag", "llm", "graphrag")
 
 @dataclass
 class EvalConfig:
-    """``configs/eval.yaml``: the named retrieval variants (override lists) of the paper's tables."""
+    """``configs/eval.yaml``: the named retrieval variants (override lists) of the paper's tables
+    and the decision audit's settings (``--audit-decisions``)."""
 
     variants: dict[str, list[str]]
+    audit: AuditConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--lifelong", action="store_true",
                         help="insert each finished episode into the store as it runs (writes to --store) "
                         "and record SR/SPL against episodes seen in <out>/<label>/lifelong.csv")
+    parser.add_argument("--audit-decisions", action="store_true",
+                        help="record at each planner decision every candidate's true geodesic distance to the "
+                        "goal (simulator knowledge the agent never sees) in the episode records, and add "
+                        "decision_best_rate, decision_regret_m and decision_score_rho to the summary: does the "
+                        "planner pick the frontier that leads to the goal? (one process; not with the Ray job)")
     parser.add_argument("--json", action="store_true", help="print the summary JSON only")
     ray_group = parser.add_argument_group(
         "Ray", "run the episodes on N evaluator actors (trajrag.distributed.evaluate; configs/eval_job.yaml); "
@@ -112,6 +120,9 @@ def _evaluate(args: argparse.Namespace) -> int:
             ([f"retrieval.model_dir={args.model}"] if args.model else [])
     if any(p in RETRIEVING_PLANNERS for _, p, _ in runs) and not args.store:
         raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
+    if args.audit_decisions and (_distributed(args) or any(p == "oracle" for _, p, _ in runs)):
+        raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
+                        "drop the Ray options (--workers, --shard, --ray-address) and the oracle")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scenes = load_scenes(args.scenes, args.overrides)
@@ -128,7 +139,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         overrides = [*paths, *variant_overrides, *args.overrides]
         on_episode = _lifelong(label, planner, overrides, out) if args.lifelong else None
         summary = evaluate_agent(label, lambda: make_agent(planner, sim_cfg, overrides), sim, episodes,
-                                 scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode)
+                                 scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode,
+                                 audit=cfg.audit if args.audit_decisions else None)
         summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
     table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:

@@ -19,19 +19,15 @@ class NearestFrontierPlanner:
 
     def __init__(self, hysteresis_m: float = 0.0) -> None:
         self.hysteresis_m = hysteresis_m
+        self.last_scores: np.ndarray | None = None
 
     def reset(self, goal: str, seed: int) -> None:
         pass
 
     def choose(self, ctx: PlannerContext) -> int:
-        distances = candidate_distances(ctx)
-        best = int(np.argmin(distances))
-        same = previous_target(ctx, self.hysteresis_m)
-        if same.any():
-            kept = int(np.flatnonzero(same)[np.argmin(distances[same])])
-            if distances[kept] <= distances[best] + self.hysteresis_m:
-                return kept
-        return best
+        # score = -distance, and the previous target counts hysteresis_m metres nearer
+        self.last_scores = -candidate_distances(ctx) + previous_target(ctx, self.hysteresis_m) * self.hysteresis_m
+        return int(np.argmax(self.last_scores))
 
 
 class RandomFrontierPlanner:

@@ -88,6 +88,7 @@ class GraphRAGPlanner(RetrievalTimings):
     def __init__(self, graph: SceneGraph, cfg: GraphRAGConfig) -> None:
         super().__init__()
         self.graph, self.cfg = graph, cfg
+        self.last_scores: np.ndarray | None = None
 
     def choose(self, ctx: PlannerContext) -> int:
         start = time.perf_counter()
@@ -99,6 +100,7 @@ class GraphRAGPlanner(RetrievalTimings):
         cfg = self.cfg
         scores = (cfg.w_relation * np.asarray(relation) - cfg.w_distance_per_m * candidate_distances(ctx)
                   + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m)
+        self.last_scores = scores
         return int(np.argmax(scores))
 
 

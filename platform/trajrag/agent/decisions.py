@@ -1,0 +1,136 @@
+"""Auditing planner decisions against the privileged geodesic field (analysis only).
+
+An episode's SPL mixes every decision with mapping, the local policy and luck, so two planners
+need hundreds of episodes to be told apart. The audit asks a sharper question at each decision:
+did the planner pick the frontier that leads to the goal? For every candidate it records the
+agent's geodesic distance to the frontier over the mapped free space (what the planner sees) and
+the frontier's true geodesic distance to the goal region (``world.geodesic.GoalField``: the
+simulator's privileged knowledge, never shown to the agent). Per run, ``decision_quality`` gives:
+
+* ``decision_best_rate``: share of decisions whose pick has the lowest cost to the goal
+  (to-frontier + frontier-to-goal, metres), within ``tolerance_m``;
+* ``decision_regret_m``: mean metres the pick's cost exceeds the best candidate's;
+* ``decision_score_rho``: mean Spearman correlation, within one decision, between the planner's
+  scores and the candidates' negated frontier-to-goal distance (positive: the score points at
+  the goal; 0: no information). Only planners that expose ``last_scores``, decisions with at
+  least three candidates and non-constant scores count.
+
+Greedy cost is a proxy: a frontier farther from the goal may reveal the goal sooner (it opens a
+view), so a planner can lose on regret and still win on SPL. The rank correlation is the cleaner
+signal of whether a score carries information about where the goal is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from trajrag.world.geodesic import GoalField
+    from trajrag.world.scene import Scene
+
+
+@dataclass
+class AuditConfig:
+    """``configs/eval.yaml`` ``audit``: search_radius_m (a frontier's distance to the goal is
+    taken from the best traversable cell this close to it) and tolerance_m (a pick this close to
+    the best candidate's cost counts as the best), metres."""
+
+    search_radius_m: float
+    tolerance_m: float
+
+
+@dataclass
+class AuditedDecision:
+    """One decision. Lists are per candidate (planner order); metres. ``frontier_to_goal_m`` is
+    ``None`` where no traversable cell lies within the audit's search radius of the frontier."""
+
+    step: int
+    chosen: int
+    to_frontier_m: list[float]
+    frontier_to_goal_m: list[Optional[float]]
+    scores: Optional[list[float]] = None
+
+
+class DecisionAudit:
+    """A navigator's ``decision_observer`` for one episode: records every decision.
+
+    search_radius_m: a frontier's distance to the goal is the field's minimum over traversable
+    cells within this radius of its cells (frontier cells themselves may hug a wall).
+    """
+
+    def __init__(self, scene: Scene, field: GoalField, search_radius_m: float) -> None:
+        from scipy.ndimage import minimum_filter
+
+        self.scene = scene
+        size = 2 * max(0, int(round(search_radius_m / scene.cell_size))) + 1
+        self.near_goal_m = minimum_filter(field.distance, size=size, mode="constant", cval=np.inf)
+        self.decisions: list[AuditedDecision] = []
+
+    def __call__(self, ctx, choice: int, scores: Optional[np.ndarray]) -> None:
+        from trajrag.planners.base import candidate_distances
+
+        frontiers = [ctx.frontiers[c.frontier_index] for c in ctx.candidates]
+        self.decisions.append(AuditedDecision(
+            step=int(ctx.step), chosen=int(choice),
+            to_frontier_m=[round(float(d), 3) for d in candidate_distances(ctx)],
+            frontier_to_goal_m=[self.frontier_to_goal(ctx.sem_map.to_xy(f.cells)) for f in frontiers],
+            scores=None if scores is None else [round(float(s), 4) for s in np.asarray(scores)]))
+
+    def frontier_to_goal(self, xy: np.ndarray) -> Optional[float]:
+        """Geodesic metres to the goal region from the best traversable cell near the map-frame
+        points ``xy`` (float (K, 2), metres); ``None`` if none is near."""
+        cells = self.scene.to_cell(np.asarray(xy, dtype=float).reshape(-1, 2))
+        cells = cells[self.scene.in_bounds(cells)]
+        best = float(self.near_goal_m[cells[:, 0], cells[:, 1]].min()) if len(cells) else np.inf
+        return round(best, 3) if np.isfinite(best) else None
+
+    def records(self) -> list[dict]:
+        """The decisions as JSON-able dicts (one episode record's ``decisions``)."""
+        return [asdict(d) for d in self.decisions]
+
+
+def decision_quality(episodes: Iterable[Sequence[dict]], tolerance_m: float) -> dict:
+    """Summary of audited decisions (see the module docstring); ``episodes`` holds each
+    episode's list of ``AuditedDecision`` dicts."""
+    best, regret, rhos, n = [], [], [], 0
+    for decisions in episodes:
+        for d in decisions:
+            n += 1
+            to_goal = np.array([np.inf if g is None else g for g in d["frontier_to_goal_m"]], dtype=float)
+            if not np.isfinite(to_goal).any():
+                continue
+            cost = np.asarray(d["to_frontier_m"], dtype=float) + to_goal
+            cost = np.where(np.isfinite(cost), cost, np.nanmax(cost[np.isfinite(cost)]))
+            regret.append(float(cost[d["chosen"]] - cost.min()))
+            best.append(regret[-1] <= tolerance_m)
+            rho = _score_rho(d.get("scores"), to_goal)
+            if rho is not None:
+                rhos.append(rho)
+    return {"decisions_audited": n,
+            "decision_best_rate": float(np.mean(best)) if best else None,
+            "decision_regret_m": float(np.mean(regret)) if regret else None,
+            "decision_score_rho": float(np.mean(rhos)) if rhos else None,
+            "decision_score_rho_n": len(rhos)}
+
+
+def _score_rho(scores: Optional[Sequence[float]], to_goal: np.ndarray) -> Optional[float]:
+    if scores is None or len(scores) < 3 or not np.isfinite(to_goal).all():
+        return None
+    s = np.asarray(scores, dtype=float)
+    if np.ptp(s) == 0 or np.ptp(to_goal) == 0:
+        return None
+    return float(np.corrcoef(_ranks(s), _ranks(-to_goal))[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank), as Spearman's rho needs."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for value in np.unique(x):
+        tied = x == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks

@@ -1,0 +1,80 @@
+"""The decision audit: each planner decision scored against the simulator's geodesic field."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trajrag import config
+from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
+from trajrag.agent.evaluate import evaluate_agent
+from trajrag.agent.navigator import make_frontier_agent
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.episode_gen import scene_goal_field
+from trajrag.world.sim import GridSimulator
+
+OVERRIDES = ["sim.width=160", "sim.height=120"]
+AUDIT = AuditConfig(search_radius_m=0.3, tolerance_m=0.25)
+
+
+def _decision(chosen, to_frontier, to_goal, scores=None):
+    return {"step": 0, "chosen": chosen, "to_frontier_m": to_frontier, "frontier_to_goal_m": to_goal,
+            "scores": scores}
+
+
+def test_a_planner_whose_score_points_at_the_goal_has_rho_one_and_no_regret():
+    good = _decision(2, [1.0, 1.0, 1.0], [6.0, 4.0, 2.0], scores=[0.1, 0.5, 0.9])
+    q = decision_quality([[good]], tolerance_m=0.25)
+    assert q["decision_score_rho"] == pytest.approx(1.0)
+    assert q["decision_best_rate"] == 1.0 and q["decision_regret_m"] == 0.0
+
+
+def test_picking_away_from_the_goal_costs_the_difference_and_reverses_rho():
+    bad = _decision(0, [1.0, 2.0, 3.0], [6.0, 4.0, 1.0], scores=[3.0, 2.0, 1.0])
+    q = decision_quality([[bad]], tolerance_m=0.25)
+    assert q["decision_score_rho"] == pytest.approx(-1.0)
+    assert q["decision_regret_m"] == pytest.approx(7.0 - 4.0) and q["decision_best_rate"] == 0.0
+
+
+def test_frontiers_without_a_field_value_and_scoreless_planners_are_handled():
+    unknown = _decision(1, [1.0, 2.0], [None, 3.0])  # a random planner: no scores
+    nothing = _decision(0, [1.0, 2.0], [None, None])
+    q = decision_quality([[unknown, nothing]], tolerance_m=0.25)
+    assert q["decisions_audited"] == 2
+    assert q["decision_best_rate"] == 1.0  # the only candidate with a known way to the goal
+    assert q["decision_score_rho"] is None and q["decision_score_rho_n"] == 0
+
+
+def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_unknown():
+    scene = load_scenes("procedural:val:1")[0]
+    episode = load_episodes("generated:1", [scene])[0]
+    field = scene_goal_field(scene, episode.object_category, config.load("episodes"))
+    audit = DecisionAudit(scene, field, AUDIT.search_radius_m)
+    on_goal = scene.to_xy(np.argwhere(field.region)[:1])
+    assert audit.frontier_to_goal(on_goal) == 0.0
+    assert audit.frontier_to_goal(np.array([[-100.0, -100.0]])) is None
+
+
+def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(tmp_path):
+    scenes = load_scenes("procedural:val:1")
+    episodes = load_episodes("generated:2", scenes)
+    sim_cfg = config.load("sim", OVERRIDES)
+    episode_cfg = config.load("episodes")
+    run = lambda out, audit: evaluate_agent(  # noqa: E731
+        "frontier", lambda: make_frontier_agent(sim_cfg, OVERRIDES), GridSimulator(sim_cfg), episodes, scenes,
+        out, episode_cfg, progress=False, audit=audit)
+    plain, audited = run(tmp_path / "plain", None), run(tmp_path / "audited", AUDIT)
+    assert audited["spl"] == plain["spl"] and audited["planner_calls"] == plain["planner_calls"]
+    assert "decision_best_rate" not in plain
+    assert audited["decisions_audited"] == audited["planner_calls"] > 0
+    assert 0.0 <= audited["decision_best_rate"] <= 1.0 and audited["decision_regret_m"] >= 0.0
+    records = [json.loads(line) for line in (tmp_path / "audited" / "frontier" / "episodes.jsonl").open()]
+    for record in records:
+        assert len(record["decisions"]) == record["agent_stats"]["planner_calls"]
+        for d in record["decisions"]:
+            n = len(d["to_frontier_m"])
+            assert len(d["frontier_to_goal_m"]) == len(d["scores"]) == n and 0 <= d["chosen"] < n
+            assert int(np.argmax(d["scores"])) == d["chosen"]  # nearest frontier exposes its scores
+            assert any(g is not None for g in d["frontier_to_goal_m"])
