@@ -26,9 +26,13 @@ def _decision(chosen, to_frontier, to_goal, scores=None):
 
 def test_a_planner_whose_score_points_at_the_goal_has_rho_one_and_no_regret():
     good = _decision(2, [1.0, 1.0, 1.0], [6.0, 4.0, 2.0], scores=[0.1, 0.5, 0.9])
+    good["terms"] = {"hint": [0.0, 1.0, 2.0], "noise": [1.0, 0.0, 1.0], "wrong": [3.0, 2.0, 1.0]}
     q = decision_quality([[good]], tolerance_m=0.25)
     assert q["decision_score_rho"] == pytest.approx(1.0)
     assert q["decision_best_rate"] == 1.0 and q["decision_regret_m"] == 0.0
+    # each term of a score on its own: which part points at the goal
+    assert q["decision_term_rho"]["hint"] == pytest.approx(1.0) and q["decision_term_rho"]["wrong"] == pytest.approx(-1.0)
+    assert abs(q["decision_term_rho"]["noise"]) < 0.6
 
 
 def test_picking_away_from_the_goal_costs_the_difference_and_reverses_rho():

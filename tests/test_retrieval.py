@@ -198,6 +198,8 @@ def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path)
         # every planner's decisions audited, with its own scores
         assert summary["decisions_audited"] == summary["planner_calls"]
         assert 0.0 <= summary["decision_best_rate"] <= 1.0 and summary["decision_score_rho_n"] > 0
+    # terms that varied across candidates (the small memory's context often does not)
+    assert {"similarity", "nearness"} <= set(runs["trajrag"]["decision_term_rho"]) <= {"similarity", "context", "nearness"}
     assert runs["trajrag"]["retrieval_ms_p50"] > 0 and runs["frontier"]["retrieval_ms_p50"] is None
     records = (out / "trajrag" / "episodes.jsonl").read_text().splitlines()
     assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]

@@ -13,7 +13,10 @@ simulator's privileged knowledge, never shown to the agent). Per run, ``decision
 * ``decision_score_rho``: mean Spearman correlation, within one decision, between the planner's
   scores and the candidates' negated frontier-to-goal distance (positive: the score points at
   the goal; 0: no information). Only planners that expose ``last_scores``, decisions with at
-  least three candidates and non-constant scores count.
+  least three candidates and non-constant scores count;
+* ``decision_term_rho``: the same for each term of the score, for planners that expose
+  ``last_terms`` (name -> per-candidate values, higher = preferred): which part of a score
+  carries the information (the retrieved experience, or the distance).
 
 Greedy cost is a proxy: a frontier farther from the goal may reveal the goal sooner (it opens a
 view), so a planner can lose on regret and still win on SPL. The rank correlation is the cleaner
@@ -52,6 +55,7 @@ class AuditedDecision:
     to_frontier_m: list[float]
     frontier_to_goal_m: list[Optional[float]]
     scores: Optional[list[float]] = None
+    terms: Optional[dict[str, list[float]]] = None
 
 
 class DecisionAudit:
@@ -69,15 +73,18 @@ class DecisionAudit:
         self.near_goal_m = minimum_filter(field.distance, size=size, mode="constant", cval=np.inf)
         self.decisions: list[AuditedDecision] = []
 
-    def __call__(self, ctx, choice: int, scores: Optional[np.ndarray]) -> None:
+    def __call__(self, ctx, choice: int, planner) -> None:
         from trajrag.planners.base import candidate_distances
 
         frontiers = [ctx.frontiers[c.frontier_index] for c in ctx.candidates]
+        scores = getattr(planner, "last_scores", None)
+        terms = getattr(planner, "last_terms", None)
         self.decisions.append(AuditedDecision(
             step=int(ctx.step), chosen=int(choice),
             to_frontier_m=[round(float(d), 3) for d in candidate_distances(ctx)],
             frontier_to_goal_m=[self.frontier_to_goal(ctx.sem_map.to_xy(f.cells)) for f in frontiers],
-            scores=None if scores is None else [round(float(s), 4) for s in np.asarray(scores)]))
+            scores=None if scores is None else _rounded(scores),
+            terms=None if terms is None else {name: _rounded(values) for name, values in terms.items()}))
 
     def frontier_to_goal(self, xy: np.ndarray) -> Optional[float]:
         """Geodesic metres to the goal region from the best traversable cell near the map-frame
@@ -92,10 +99,15 @@ class DecisionAudit:
         return [asdict(d) for d in self.decisions]
 
 
+def _rounded(values) -> list[float]:
+    return [round(float(v), 4) for v in np.asarray(values, dtype=float)]
+
+
 def decision_quality(episodes: Iterable[Sequence[dict]], tolerance_m: float) -> dict:
     """Summary of audited decisions (see the module docstring); ``episodes`` holds each
     episode's list of ``AuditedDecision`` dicts."""
     best, regret, rhos, n = [], [], [], 0
+    term_rhos: dict[str, list[float]] = {}
     for decisions in episodes:
         for d in decisions:
             n += 1
@@ -109,11 +121,16 @@ def decision_quality(episodes: Iterable[Sequence[dict]], tolerance_m: float) -> 
             rho = _score_rho(d.get("scores"), to_goal)
             if rho is not None:
                 rhos.append(rho)
+            for name, values in (d.get("terms") or {}).items():
+                rho = _score_rho(values, to_goal)
+                if rho is not None:
+                    term_rhos.setdefault(name, []).append(rho)
     return {"decisions_audited": n,
             "decision_best_rate": float(np.mean(best)) if best else None,
             "decision_regret_m": float(np.mean(regret)) if regret else None,
             "decision_score_rho": float(np.mean(rhos)) if rhos else None,
-            "decision_score_rho_n": len(rhos)}
+            "decision_score_rho_n": len(rhos),
+            "decision_term_rho": {name: round(float(np.mean(v)), 4) for name, v in sorted(term_rhos.items())}}
 
 
 def _score_rho(scores: Optional[Sequence[float]], to_goal: np.ndarray) -> Optional[float]:

@@ -75,9 +75,9 @@ class Navigator:
         self.topo_cfg = topo_cfg
         self.seed = seed
         self.stats = NavigatorStats()
-        # Called as observer(ctx, choice, planner scores or None) after each planner decision;
-        # evaluation hooks the decision audit here (agent/decisions.py).
-        self.decision_observer: Optional[Callable[[PlannerContext, int, Optional[np.ndarray]], None]] = None
+        # Called as observer(ctx, choice, planner) after each planner decision; evaluation hooks
+        # the decision audit here (agent/decisions.py).
+        self.decision_observer: Optional[Callable[[PlannerContext, int, Planner], None]] = None
 
     # -- episode ------------------------------------------------------------------------------
     def reset(self, episode: ObjectNavEpisode, scene: Scene) -> None:
@@ -243,7 +243,7 @@ class Navigator:
                                  self.waypoint)
             choice = self.planner.choose(ctx)
             if self.decision_observer is not None:
-                self.decision_observer(ctx, choice, getattr(self.planner, "last_scores", None))
+                self.decision_observer(ctx, choice, self.planner)
             frontier = frontiers[candidates[choice].frontier_index]
         else:  # no frontier reachable over the graph yet: the nearest one in a straight line
             self.stats.no_candidate_fallbacks += 1

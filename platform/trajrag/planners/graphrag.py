@@ -89,6 +89,7 @@ class GraphRAGPlanner(RetrievalTimings):
         super().__init__()
         self.graph, self.cfg = graph, cfg
         self.last_scores: np.ndarray | None = None
+        self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
 
     def choose(self, ctx: PlannerContext) -> int:
         start = time.perf_counter()
@@ -97,11 +98,11 @@ class GraphRAGPlanner(RetrievalTimings):
             objects = [o for o in end_objects(c.trajectory, self.cfg.end_nodes) if o != ctx.goal]
             relation.append(np.mean([self.graph.relation(ctx.goal, o) for o in objects]) if objects else 0.0)
         self.retrieval_ms.append((time.perf_counter() - start) * 1e3)
-        cfg = self.cfg
-        scores = (cfg.w_relation * np.asarray(relation) - cfg.w_distance_per_m * candidate_distances(ctx)
-                  + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m)
-        self.last_scores = scores
-        return int(np.argmax(scores))
+        cfg, relation, distance = self.cfg, np.asarray(relation), candidate_distances(ctx)
+        self.last_scores = (cfg.w_relation * relation - cfg.w_distance_per_m * distance
+                            + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m)
+        self.last_terms = {"relation": relation, "nearness": -distance}
+        return int(np.argmax(self.last_scores))
 
 
 _GRAPHS: dict[tuple[str, int], SceneGraph] = {}

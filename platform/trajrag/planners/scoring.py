@@ -54,6 +54,7 @@ class ScoringPlanner(RetrievalTimings):
         self.cfg = cfg
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
+        self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
 
     def choose(self, ctx: PlannerContext) -> int:
         retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal)
@@ -72,6 +73,7 @@ class ScoringPlanner(RetrievalTimings):
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
         scores = cfg.w_similarity * similarity + cfg.w_context * context - cfg.w_distance_per_m * distance
+        self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         # keep the previous target unless it is clearly worse
         return scores + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m
 
