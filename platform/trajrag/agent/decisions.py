@@ -115,7 +115,8 @@ def decision_quality(episodes: Iterable[Sequence[dict]], tolerance_m: float) -> 
             if not np.isfinite(to_goal).any():
                 continue
             cost = np.asarray(d["to_frontier_m"], dtype=float) + to_goal
-            cost = np.where(np.isfinite(cost), cost, np.nanmax(cost[np.isfinite(cost)]))
+            # a candidate with no known way to the goal counts as the worst known one
+            cost = np.where(np.isfinite(cost), cost, cost[np.isfinite(cost)].max())
             regret.append(float(cost[d["chosen"]] - cost.min()))
             best.append(regret[-1] <= tolerance_m)
             rho = _score_rho(d.get("scores"), to_goal)

@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from trajrag.agent.decisions import AuditConfig
+from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize
 from trajrag.world.scene import Scene
 
@@ -88,8 +89,6 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     summary = summarize([_metrics(done[key]["metrics"]) for key in wanted])
     summary.update(planner_counters([done[key] for key in wanted]))
     if audit is not None:
-        from trajrag.agent.decisions import decision_quality
-
         summary.update(decision_quality([done[key]["decisions"] for key in wanted if "decisions" in done[key]],
                                         audit.tolerance_m))
     (run.directory / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
@@ -103,9 +102,6 @@ def _start_audit(agent, scene: Scene, episode: ObjectNavEpisode, episode_cfg, au
     if not hasattr(agent, "decision_observer"):
         raise ValueError(f"the decision audit needs a navigator agent (frontier, random, trajrag, graphrag, "
                          f"llm), not {type(agent).__name__}")
-    from trajrag.agent.decisions import DecisionAudit
-    from trajrag.world.episode_gen import scene_goal_field
-
     agent.decision_observer = DecisionAudit(scene, scene_goal_field(scene, episode.object_category, episode_cfg),
                                             audit.search_radius_m)
     return agent.decision_observer
