@@ -56,7 +56,8 @@ def test_run_writes_records_table_and_picture_and_resumes(tmp_path, capsys):
     assert summary["episodes"] == 2 and summary["sr"] == 1.0
     records = (out / "oracle" / "episodes.jsonl").read_text().splitlines()
     assert len(records) == 2
-    assert (out / "results.md").read_text().count("| oracle |") == 1
+    table = (out / "results.md").read_text()
+    assert table.count("| oracle |") == 1 and "decision_best_rate" not in table  # audit columns: audited runs only
     assert (out / "episode.png").stat().st_size > 10_000
     assert main(argv) == 0  # a rerun skips finished episodes
     assert len((out / "oracle" / "episodes.jsonl").read_text().splitlines()) == 2

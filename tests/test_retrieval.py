@@ -205,6 +205,7 @@ def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path)
     assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]
     table = (out / "results.md").read_text()
     assert all(f"| {name} |" in table for name in runs) and "retrieval_ms_p50" in table
+    assert "decision_best_rate" in table  # audited runs add their columns
     again = _eval("--planner", "trajrag", "--variant", "no_coarse", "--store", store, "--model", model_dir,
                   "--out", str(out))
     assert again.returncode == 0, again.stderr[-2000:]

@@ -24,7 +24,8 @@ from trajrag.world.metrics import EpisodeMetrics, summarize
 from trajrag.world.scene import Scene
 
 TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions", "planner_calls",
-                 "fallbacks", "retrieval_ms_p50", "decision_best_rate", "decision_score_rho")
+                 "fallbacks", "retrieval_ms_p50")
+AUDIT_COLUMNS = ("decision_best_rate", "decision_score_rho")  # only when a run was audited
 
 
 @dataclass
@@ -149,14 +150,16 @@ def _json_default(value):
 
 def write_results_table(summaries: dict[str, dict], out_dir: Path) -> str:
     """``results.md`` and ``results.csv`` with one row per agent; returns the markdown."""
-    rows = [{"agent": name, **{k: s.get(k) for k in TABLE_COLUMNS[1:]}} for name, s in summaries.items()]
+    audited = any(s.get(k) is not None for s in summaries.values() for k in AUDIT_COLUMNS)
+    columns = TABLE_COLUMNS + (AUDIT_COLUMNS if audited else ())
+    rows = [{"agent": name, **{k: s.get(k) for k in columns[1:]}} for name, s in summaries.items()]
     with (Path(out_dir) / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row[c]) for c in TABLE_COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(row[c]) for c in columns) + " |")
     markdown = "\n".join(lines) + "\n"
     paired = paired_differences(Path(out_dir), list(summaries), baseline="frontier")
     if paired:
