@@ -140,15 +140,6 @@ def _score_rho(scores: Optional[Sequence[float]], to_goal: np.ndarray) -> Option
     s = np.asarray(scores, dtype=float)
     if np.ptp(s) == 0 or np.ptp(to_goal) == 0:
         return None
-    return float(np.corrcoef(_ranks(s), _ranks(-to_goal))[0, 1])
+    from scipy.stats import rankdata  # average ranks for ties, as Spearman's rho needs
 
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank), as Spearman's rho needs."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x), dtype=float)
-    for value in np.unique(x):
-        tied = x == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
+    return float(np.corrcoef(rankdata(s), rankdata(-to_goal))[0, 1])
