@@ -59,6 +59,13 @@ def previous_target(ctx: PlannerContext, radius_m: float) -> np.ndarray:
     return np.linalg.norm(centroids - ctx.current_waypoint, axis=1) <= radius_m
 
 
+def hysteresis_bonus(ctx: PlannerContext, hysteresis_m: float, score_per_m: float) -> np.ndarray:
+    """float (C,): the score added to the previous target's candidates (``previous_target`` within
+    ``hysteresis_m``) so that a planner scoring ``-score_per_m`` per metre of distance keeps it
+    while it is at most ``hysteresis_m`` metres farther than the best alternative."""
+    return previous_target(ctx, hysteresis_m) * score_per_m * hysteresis_m
+
+
 class RetrievalTimings:
     """Per-episode retrieval timings for the evaluation records: a planner that retrieves appends
     milliseconds to ``retrieval_ms`` and gets ``reset`` and ``episode_stats`` from here."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext, candidate_distances, previous_target
+from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus
 
 
 class NearestFrontierPlanner:
@@ -26,7 +26,7 @@ class NearestFrontierPlanner:
 
     def choose(self, ctx: PlannerContext) -> int:
         # score = -distance, and the previous target counts hysteresis_m metres nearer
-        self.last_scores = -candidate_distances(ctx) + previous_target(ctx, self.hysteresis_m) * self.hysteresis_m
+        self.last_scores = -candidate_distances(ctx) + hysteresis_bonus(ctx, self.hysteresis_m, 1.0)
         return int(np.argmax(self.last_scores))
 
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, previous_target
+from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.scoring import end_objects
 
 
@@ -100,7 +100,7 @@ class GraphRAGPlanner(RetrievalTimings):
         self.retrieval_ms.append((time.perf_counter() - start) * 1e3)
         cfg, relation, distance = self.cfg, np.asarray(relation), candidate_distances(ctx)
         self.last_scores = (cfg.w_relation * relation - cfg.w_distance_per_m * distance
-                            + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m)
+                            + hysteresis_bonus(ctx, cfg.hysteresis_m, cfg.w_distance_per_m))
         self.last_terms = {"relation": relation, "nearness": -distance}
         return int(np.argmax(self.last_scores))
 

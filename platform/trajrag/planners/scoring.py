@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, previous_target
+from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -75,7 +75,7 @@ class ScoringPlanner(RetrievalTimings):
         scores = cfg.w_similarity * similarity + cfg.w_context * context - cfg.w_distance_per_m * distance
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         # keep the previous target unless it is clearly worse
-        return scores + previous_target(ctx, cfg.hysteresis_m) * cfg.w_distance_per_m * cfg.hysteresis_m
+        return scores + hysteresis_bonus(ctx, cfg.hysteresis_m, cfg.w_distance_per_m)
 
 
 def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:
