@@ -9,6 +9,7 @@ import bz2
 import pytest
 
 from trajrag.cli import main
+from trajrag.memory.store import MemoryStore
 
 SMALL_SIM = ["--set", "sim.width=160", "--set", "sim.height=120"]
 
@@ -71,3 +72,35 @@ def test_corpus_stats_reports_grouping_quality_and_its_ceiling(nav_memory, capsy
     assert stats["scenes"] == 3 and 0.0 < stats["purity"] <= 1.0
     # The real matcher needs the same overlap and finds fewer of the pairs (recall < 1).
     assert stats["completeness"] <= stats["completeness_ceiling"] <= 1.0
+
+
+def _grouping(uri: str) -> set[frozenset[str]]:
+    """The partition of a store's trajectory ids into (current) groups."""
+    from trajrag.memory.store import CHUNKS, MemoryStore
+
+    store = MemoryStore(uri, read_only=True)
+    chunks = store.read(CHUNKS, ["trajectory_id", "group_id"])
+    groups: dict[int, set[str]] = {}
+    for tid, gid in zip(chunks.column("trajectory_id").to_pylist(),
+                        store.resolve_groups(chunks.column("group_id").to_pylist())):
+        groups.setdefault(gid, set()).add(tid)
+    return {frozenset(g) for g in groups.values()}
+
+
+def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_path, capsys):
+    store, _ = nav_memory
+    source_versions = MemoryStore(store, read_only=True).versions()
+    same = str(tmp_path / "same")
+    assert main(["corpus", "regroup", "--store", store, "--out", same, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["replayed"] == summary["chunks"] == len(set().union(*_grouping(store)))
+    assert _grouping(same) == _grouping(store)  # same settings, same order: the same groups
+    strict = str(tmp_path / "strict")
+    assert main(["corpus", "regroup", "--store", store, "--out", strict, "--json",
+                 "--set", "memory.min_inliers=1000"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["groups"] == summary["chunks"] == summary["actions"]["new"]  # nothing matches
+    assert MemoryStore(store, read_only=True).versions() == source_versions  # source only read
+    # a target that already holds chunks would mix two groupings
+    assert main(["corpus", "regroup", "--store", store, "--out", same]) == 2
+    assert "already holds" in capsys.readouterr().err

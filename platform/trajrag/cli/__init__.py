@@ -29,9 +29,10 @@ class UserError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
+    from trajrag.memory.store import StoreError
     from trajrag.world.datasets import DATA_ERRORS
 
-    return (UserError, ConfigError, FileNotFoundError, *DATA_ERRORS)
+    return (UserError, ConfigError, FileNotFoundError, StoreError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

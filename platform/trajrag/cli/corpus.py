@@ -1,9 +1,10 @@
-"""``trajrag corpus build | stats``: build the TrajRAG memory from collected episodes.
+"""``trajrag corpus build | stats | regroup``: build the TrajRAG memory from collected episodes.
 
 ``build`` generates ObjectNav episodes on the given scenes, collects them with the chosen policy
 (``agent/collect.py``), converts each to a topo-polar trajectory and inserts it into the LanceDB
 memory (``memory/grouping.py``) in batches. Trajectory ids are deterministic, so re-running the
 same command after a crash skips what the store already holds and never duplicates.
+``regroup`` replays a built memory under other ``memory.*`` settings (``memory/regroup.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "with memory.min_inliers shared places (slow on big stores)")
     add_override_arg(stats)
     stats.set_defaults(func=stats_command)
+
+    regroup = corpus_sub.add_parser(
+        "regroup", help="re-group a memory's chunks under other memory.* settings (no re-collection)",
+        description="Replays every chunk of --store, in its original insertion order, through the "
+                    "grouping with the current configuration (--set memory.KEY=VALUE) into a new "
+                    "store at --out, and prints the decision counts and the corpus stats of the "
+                    "result. The source is only read. Chunks dropped as redundant by the source "
+                    "cannot be replayed; embeddings are not copied (run trajrag encoder eval on "
+                    "the new store).")
+    regroup.add_argument("--store", required=True, help="source LanceDB URI (read only)")
+    regroup.add_argument("--out", required=True, help="new LanceDB URI (must hold no chunks)")
+    regroup.add_argument("--json", action="store_true", help="print one JSON object")
+    add_override_arg(regroup)
+    regroup.set_defaults(func=regroup_command)
 
 
 def build_command(args: argparse.Namespace) -> int:
@@ -129,6 +144,20 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
         "traj_per_s": len(todo) / total_s if todo else 0.0,
         "seconds": {"setup": setup_s, "collect_and_convert": collect_s, "insert": insert_s, "total": total_s},
     }
+
+
+def regroup_command(args: argparse.Namespace) -> int:
+    from trajrag import config
+    from trajrag.memory.regroup import regroup
+    from trajrag.memory.stats import corpus_stats
+
+    start = time.perf_counter()
+    replayed = regroup(args.store, args.out, config.load("memory", args.overrides), progress=not args.json)
+    seconds = time.perf_counter() - start
+    summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
+               "seconds": round(seconds, 2)}
+    print(json.dumps(summary, indent=None if args.json else 2, default=str))
+    return 0
 
 
 def stats_command(args: argparse.Namespace) -> int:

@@ -581,10 +581,13 @@ class TrajectoryMemory:
     # -- public API ----------------------------------------------------------------------------
 
     def insert(self, traj: TopoPolarLike, *, trajectory_id: str | None = None,
-               description: str | None = None, policy: str | None = None) -> Decision:
-        """Insert one trajectory and commit it (see the module docstring)."""
+               description: str | None = None, policy: str | None = None,
+               commit: bool = True) -> Decision:
+        """Insert one trajectory (see the module docstring) and commit it, or with
+        ``commit=False`` leave it pending until ``flush`` (later inserts already see it)."""
         decision = self._decide(traj, trajectory_id, description, policy)
-        self.flush()
+        if commit:
+            self.flush()
         return decision
 
     def insert_many(self, trajs: Iterable[TopoPolarLike], *,

@@ -1,0 +1,78 @@
+"""Re-group a stored memory under other matching settings (``trajrag corpus regroup``).
+
+Grouping is the one stage of corpus building that depends on the ``memory.*`` thresholds, and
+collecting is the expensive one (about 1 s of both cores per episode here). ``regroup`` replays
+every chunk of a source store, in the order it was first inserted, through a fresh
+``TrajectoryMemory`` with the given configuration, so a threshold study costs seconds per
+thousand chunks instead of a new collection. The source is only read.
+
+What a replay cannot bring back: trajectories the source dropped as redundant or rejected (only
+chunks keep their nodes), and chunk embeddings (they are written by ``trajrag encoder eval``;
+run it on the new store before retrieving from it).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from trajrag.memory.grouping import MemoryConfig, TrajectoryMemory
+from trajrag.memory.matching import N_SECTORS
+from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError
+from trajrag.topo.trajectory import TopoPolarTrajectory
+
+_CHUNK_COLUMNS = ["trajectory_id", "node_xy", "sectors", "goal", "reference_yaw", "success",
+                  "episode_id", "scene_hint", "description", "policy"]
+
+
+def insertion_order(source: MemoryStore) -> list[str]:
+    """Trajectory ids of the source's chunks, in the order their first decision was logged."""
+    chunk_ids = set(source.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist())
+    log = source.read(DECISIONS, ["seq", "trajectory_id"]).to_pylist()
+    order: list[str] = []
+    seen: set[str] = set()
+    for row in sorted(log, key=lambda r: r["seq"]):
+        tid = row["trajectory_id"]
+        if tid in chunk_ids and tid not in seen:
+            order.append(tid)
+            seen.add(tid)
+    return order + sorted(chunk_ids - seen)  # chunks without a logged decision: none expected
+
+
+def _chunks(source: MemoryStore, order: list[str]) -> Iterator[tuple[dict, TopoPolarTrajectory]]:
+    categories = tuple(name for _, name in sorted((v, k) for k, v in source.vocabulary().items()))
+    rows = {r["trajectory_id"]: r for r in source.read(CHUNKS, _CHUNK_COLUMNS).to_pylist()}
+    for tid in order:
+        row = rows[tid]
+        yield row, TopoPolarTrajectory(
+            node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
+            sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
+            categories=categories, goal=row["goal"], reference_yaw=row["reference_yaw"],
+            success=bool(row["success"]), episode_id=row["episode_id"] or "",
+            scene_id=row["scene_hint"] or "")
+
+
+def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
+            progress: bool = False) -> int:
+    """Replay the chunks of ``source_uri`` into a new store at ``target_uri`` grouped with ``cfg``.
+
+    Returns the number of chunks replayed (the target's decisions table says what became of
+    each). Refuses a target that already holds chunks (a
+    replay into a non-empty store would mix two groupings).
+    """
+    source = MemoryStore(source_uri, read_only=True)
+    target = TrajectoryMemory(target_uri, cfg)
+    if target.n_chunks:
+        raise StoreError(f"regroup target {target_uri} already holds {target.n_chunks} chunks; "
+                         "give a new path")
+    order = insertion_order(source)
+    bar = tqdm(_chunks(source, order), total=len(order), desc="regroup", unit="chunk",
+               disable=not progress, file=sys.stderr)
+    for k, (row, traj) in enumerate(bar, start=1):
+        target.insert(traj, trajectory_id=row["trajectory_id"], description=row["description"],
+                      policy=row["policy"], commit=k % cfg.batch_size == 0)
+    target.flush()
+    return len(order)
