@@ -104,3 +104,14 @@ def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_pa
     # a target that already holds chunks would mix two groupings
     assert main(["corpus", "regroup", "--store", store, "--out", same]) == 2
     assert "already holds" in capsys.readouterr().err
+
+
+def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path, capsys):
+    store, _ = nav_memory
+    picture = tmp_path / "group.png"
+    assert main(["corpus", "show", "--store", store, "--out", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    assert main(["corpus", "show", "--store", store, "--group", "99999", "--out", str(picture)]) == 2
+    assert "no group 99999" in capsys.readouterr().err
+    assert main(["corpus", "show", "--store", store, "--group", "biggest", "--out", str(picture)]) == 2
+    assert "'largest' or 'mixed'" in capsys.readouterr().err

@@ -1,10 +1,11 @@
-"""``trajrag corpus build | stats | regroup``: build the TrajRAG memory from collected episodes.
+"""``trajrag corpus build | stats | regroup | show``: build the TrajRAG memory from collected episodes.
 
 ``build`` generates ObjectNav episodes on the given scenes, collects them with the chosen policy
 (``agent/collect.py``), converts each to a topo-polar trajectory and inserts it into the LanceDB
 memory (``memory/grouping.py``) in batches. Trajectory ids are deterministic, so re-running the
 same command after a crash skips what the store already holds and never duplicates.
-``regroup`` replays a built memory under other ``memory.*`` settings (``memory/regroup.py``).
+``regroup`` replays a built memory under other ``memory.*`` settings (``memory/regroup.py``);
+``show`` draws one group (``memory/viz.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from collections import Counter
 
-from trajrag.cli import add_override_arg
+from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import SCENES_HELP
 
 
@@ -63,11 +64,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_override_arg(regroup)
     regroup.set_defaults(func=regroup_command)
 
+    show = corpus_sub.add_parser(
+        "show", help="picture of one group: its summary graph and member trajectories by scene",
+        description="Draws a group's summary graph in the group frame with every member "
+                    "trajectory moved into it, coloured by the scene it came from: a false merge "
+                    "shows as two colours on one summary.")
+    show.add_argument("--store", required=True, help="LanceDB URI")
+    show.add_argument("--group", default="largest",
+                      help="a group id, 'largest' (most members, the default) or 'mixed' (the "
+                           "largest group whose members come from more than one scene)")
+    show.add_argument("--out", required=True, help="PNG file to write")
+    show.set_defaults(func=show_command)
+
 
 def build_command(args: argparse.Namespace) -> int:
     if args.workers < 0:
-        from trajrag.cli import UserError
-
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.workers >= 1:
         from trajrag.distributed.corpus import build_corpus_ray
@@ -90,7 +101,6 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
 
     from trajrag import config
     from trajrag.agent.collect import Collector, episode_policy, trajectory_id
-    from trajrag.cli import UserError
     from trajrag.memory.grouping import TrajectoryMemory
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
@@ -157,6 +167,19 @@ def regroup_command(args: argparse.Namespace) -> int:
     summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
                "seconds": round(seconds, 2)}
     print(json.dumps(summary, indent=None if args.json else 2, default=str))
+    return 0
+
+
+def show_command(args: argparse.Namespace) -> int:
+    from trajrag.memory.store import MemoryStore
+    from trajrag.memory.viz import pick_group, render_group_png
+
+    store = MemoryStore(args.store, read_only=True)
+    try:
+        group_id = pick_group(store, args.group)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    print(render_group_png(store, group_id, args.out))
     return 0
 
 
