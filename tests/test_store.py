@@ -14,6 +14,7 @@ import pytest
 
 from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
+from trajrag.memory import grouping
 from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
 from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError
@@ -290,8 +291,9 @@ def test_compaction_keeps_the_current_summaries_and_everything_readable(tmp_path
         g: s.n_nodes for g, s in memory.summaries.items()}
 
 
-def test_a_bridging_trajectory_fuses_two_groups_and_their_chunks_follow(tmp_path, cfg, homes):
-    memory = _memory(tmp_path, cfg)
+def _bridge_case(homes) -> tuple[TopoPolarTrajectory, TopoPolarTrajectory, TopoPolarTrajectory]:
+    """The two ends of one long walk, which share no place, and the whole walk (another goal,
+    so it is not redundant), each in its own episode frame."""
     rng = np.random.default_rng(16)
     long = next(t for t in _trajs(homes, 40, 16, "long", length=(22, 26), label_noise=0.0,
                                   unknown_rate=0.0) if len(t) >= 20)
@@ -300,11 +302,16 @@ def test_a_bridging_trajectory_fuses_two_groups_and_their_chunks_follow(tmp_path
         piece = TopoPolarTrajectory(long.node_xy[lo:hi], long.sectors[lo:hi], long.categories,
                                     long.goal, long.reference_yaw, episode_id=name,
                                     scene_id=long.scene_id)
-        return perturb(piece, rng, episode_id=name)[0]  # each in its own episode frame
+        return perturb(piece, rng, episode_id=name)[0]
 
-    first, second = part(0, 8, "first"), part(len(long) - 8, len(long), "second")
-    assert memory.insert(first).action == "new" and memory.insert(second).action == "new"
     bridge = replace(part(0, len(long), "bridge"), goal="toilet" if long.goal != "toilet" else "bed")
+    return part(0, 8, "first"), part(len(long) - 8, len(long), "second"), bridge
+
+
+def test_a_bridging_trajectory_fuses_two_groups_and_their_chunks_follow(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    first, second, bridge = _bridge_case(homes)
+    assert memory.insert(first).action == "new" and memory.insert(second).action == "new"
     decision = memory.insert(bridge)
     assert decision.action == "merge" and memory.n_groups == 1
     assert memory.store.read(DECISIONS, where="action = 'fuse'").num_rows == 1
@@ -319,6 +326,36 @@ def test_a_bridging_trajectory_fuses_two_groups_and_their_chunks_follow(tmp_path
         np.testing.assert_allclose(in_group, nodes_xy[row["summary_nodes"]], atol=0.3)
     assert len(memory.store.get_group_chunks(decision.group_id)) == 3
     assert _memory(tmp_path, cfg).n_groups == 1  # the same after reopening
+
+
+def test_fuse_check_refuses_a_fusion_the_two_summaries_do_not_support(tmp_path, cfg, homes,
+                                                                       monkeypatch):
+    # A true bridge passes the check: the summary it merged into now holds the whole walk and
+    # matches the other end's group on its own.
+    memory = _memory(tmp_path / "true", cfg, fuse_check=True)
+    first, second, bridge = _bridge_case(homes)
+    for part in (first, second):
+        memory.insert(part)
+    assert memory.insert(bridge).action == "merge" and memory.n_groups == 1
+    # When the two summaries do not match each other, the groups stay apart and the refusal is
+    # logged with its reason (here the summary-to-summary match is made to fail).
+    real_match = grouping.match
+
+    def summaries_never_match(a, b, params, rng):
+        result = real_match(a, b, params, rng)
+        return replace(result, accepted=False) if isinstance(a, grouping.Summary) else result
+
+    monkeypatch.setattr(grouping, "match", summaries_never_match)
+    memory = _memory(tmp_path / "refused", cfg, fuse_check=True)
+    for part in (first, second):
+        memory.insert(part)
+    decision = memory.insert(bridge)
+    assert decision.action == "merge" and memory.n_groups == 2
+    refused = memory.store.read(DECISIONS, where="action = 'fuse_refused'").to_pylist()
+    assert len(refused) == 1 and "do not match each other" in refused[0]["reason"]
+    assert memory.store.read(DECISIONS, where="action = 'fuse'").num_rows == 0
+    assert len(memory.store.get_group_chunks(decision.group_id)) == 2  # the bridge and one end
+    assert _memory(tmp_path / "refused", cfg).n_groups == 2  # the same after reopening
 
 
 def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):

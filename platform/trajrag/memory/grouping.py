@@ -26,12 +26,14 @@ incrementally constructed":
 5. **Fuse** (ours, ``fuse_groups``): when the trajectory is accepted by further candidate groups,
    each is fused into the chosen one (summary transformed by ``T_best o T_other^-1``; the
    other group's chunks follow through a tombstone, ``MemoryStore.group_aliases``), so a home
-   first seen through non-overlapping trajectories ends in one group.
+   first seen through non-overlapping trajectories ends in one group. With ``fuse_check`` the
+   two summaries must also match each other at the pose the trajectory implies, else the
+   fusion is refused (``fuse_refused``): one chance accept then cannot chain two homes.
 
-Every decision (``new``, ``merge``, ``fuse``, ``redundant``, ``rejected``) is written to the
-decisions table; ``duplicate`` (an id already stored) is a no-op that writes nothing. ``insert_many`` commits
-``batch_size`` trajectories per LanceDB commit; the in-memory state follows each decision, so
-later trajectories of a batch see the earlier ones.
+Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
+written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
+nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory
+state follows each decision, so later trajectories of a batch see the earlier ones.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import numpy as np
 
 from trajrag.memory.matching import (
     N_SECTORS,
+    SECTOR_ANGLE,
     IVFParams,
     MatchParams,
     MatchResult,
@@ -88,6 +91,7 @@ class MemoryConfig:
     ivf_train_sample: int
     ivf_kmeans_iterations: int
     fuse_groups: bool
+    fuse_check: bool
     descriptor_dim: int
     embedding_dim: int
     batch_size: int
@@ -575,8 +579,34 @@ class TrajectoryMemory:
             for other, other_result in matches[1:]:
                 # T_other maps the trajectory into the other group; T maps it into ours.
                 to_ours = result.transform.compose(other_result.transform.inverse())
-                self._fuse(gid, other, to_ours, prep.trajectory_id, other_result.score)
+                refusal = self._fusion_refusal(gid, other, to_ours, prep.trajectory_id)
+                if refusal:
+                    self._record(Decision(prep.trajectory_id, "fuse_refused", gid, other_result.score,
+                                          to_ours, other_id=str(other), reason=refusal))
+                else:
+                    self._fuse(gid, other, to_ours, prep.trajectory_id, other_result.score)
         return decision
+
+    def _fusion_refusal(self, gid: int, other: int, to_ours: Transform2D, tid: str) -> str | None:
+        """With ``fuse_check``: why group ``other`` must not be fused into ``gid`` (None: fuse).
+
+        A trajectory accepted by two groups says they are one place only if it was right both
+        times; one chance accept chains two homes. The check asks the other summary to match
+        ours (which now holds the trajectory) on its own, every node of both competing in the
+        mutual nearest-neighbour pairs, at the pose the trajectory implies."""
+        if not self.cfg.fuse_check:
+            return None
+        direct = match(self.summaries[other], self.summaries[gid], self.params, self._rng(tid))
+        if not direct.accepted:
+            return (f"summaries of groups {other} and {gid} do not match each other "
+                    f"({direct.n_inliers} consistent node pairs)")
+        T = direct.transform
+        offset_m = math.hypot(T.tx - to_ours.tx, T.ty - to_ours.ty)
+        turn = abs(math.remainder(T.theta - to_ours.theta, 2.0 * math.pi))
+        if offset_m > self.params.ransac_threshold_m or turn > SECTOR_ANGLE / 2:
+            return (f"groups {other} and {gid} match at another pose than the trajectory implies "
+                    f"({offset_m:.2f} m, {math.degrees(turn):.0f} deg apart)")
+        return None
 
     # -- public API ----------------------------------------------------------------------------
 
