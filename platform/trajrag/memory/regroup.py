@@ -42,17 +42,22 @@ def insertion_order(source: MemoryStore) -> list[str]:
     return order + sorted(chunk_ids - seen)  # chunks without a logged decision: none expected
 
 
-def _chunks(source: MemoryStore, order: list[str]) -> Iterator[tuple[dict, TopoPolarTrajectory]]:
+def _chunks(source: MemoryStore, order: list[str],
+            batch_rows: int = 1024) -> Iterator[tuple[dict, TopoPolarTrajectory]]:
+    """The chunks in ``order`` as (row, trajectory). The table stays in Arrow form, and only
+    ``batch_rows`` rows at a time become Python objects (a 350k-chunk store is ~1 GB in Arrow)."""
     categories = tuple(name for _, name in sorted((v, k) for k, v in source.vocabulary().items()))
-    rows = {r["trajectory_id"]: r for r in source.read(CHUNKS, _CHUNK_COLUMNS).to_pylist()}
-    for tid in order:
-        row = rows[tid]
-        yield row, TopoPolarTrajectory(
-            node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
-            sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
-            categories=categories, goal=row["goal"], reference_yaw=row["reference_yaw"],
-            success=bool(row["success"]), episode_id=row["episode_id"] or "",
-            scene_id=row["scene_hint"] or "")
+    table = source.read(CHUNKS, _CHUNK_COLUMNS)
+    position = {tid: k for k, tid in enumerate(table.column("trajectory_id").to_pylist())}
+    ordered = table.take([position[tid] for tid in order])
+    for batch in ordered.to_batches(max_chunksize=batch_rows):
+        for row in batch.to_pylist():
+            yield row, TopoPolarTrajectory(
+                node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
+                sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
+                categories=categories, goal=row["goal"], reference_yaw=row["reference_yaw"],
+                success=bool(row["success"]), episode_id=row["episode_id"] or "",
+                scene_id=row["scene_hint"] or "")
 
 
 def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
