@@ -65,8 +65,7 @@ def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
     """Replay the chunks of ``source_uri`` into a new store at ``target_uri`` grouped with ``cfg``.
 
     Returns the number of chunks replayed (the target's decisions table says what became of
-    each). Refuses a target that already holds chunks (a
-    replay into a non-empty store would mix two groupings).
+    each). Refuses a target that already holds chunks: the replay would mix two groupings.
     """
     source = MemoryStore(source_uri, read_only=True)
     target = TrajectoryMemory(target_uri, cfg)
