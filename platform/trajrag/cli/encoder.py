@@ -54,13 +54,12 @@ def _user_error(exc: Exception) -> UserError:
 def train_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.train import train_encoder
-    from trajrag.memory.store import StoreError
 
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         result = train_encoder(args.store, args.out, workers=args.workers,
                                overrides=args.overrides, log=log)
-    except (EncoderError, StoreError) as exc:
+    except EncoderError as exc:
         raise _user_error(exc) from None
     last = result.history[-1] if result.history else {}
     summary = {"model_dir": result.model_dir, "encoder_version": result.encoder_version,
@@ -74,12 +73,11 @@ def train_command(args: argparse.Namespace) -> int:
 def eval_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.evaluate import evaluate_encoder
-    from trajrag.memory.store import StoreError
 
     try:
         result = evaluate_encoder(args.store, args.model, overrides=args.overrides,
                                   write=not args.no_write)
-    except (EncoderError, StoreError) as exc:
+    except EncoderError as exc:
         raise _user_error(exc) from None
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
     return 0
