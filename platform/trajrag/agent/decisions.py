@@ -29,6 +29,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import numpy as np
+from scipy.ndimage import minimum_filter
+from scipy.stats import rankdata
+
+from trajrag.planners.base import candidate_distances
 
 if TYPE_CHECKING:
     from trajrag.world.geodesic import GoalField
@@ -66,16 +70,12 @@ class DecisionAudit:
     """
 
     def __init__(self, scene: Scene, field: GoalField, search_radius_m: float) -> None:
-        from scipy.ndimage import minimum_filter
-
         self.scene = scene
         size = 2 * max(0, int(round(search_radius_m / scene.cell_size))) + 1
         self.near_goal_m = minimum_filter(field.distance, size=size, mode="constant", cval=np.inf)
         self.decisions: list[AuditedDecision] = []
 
     def __call__(self, ctx, choice: int, planner) -> None:
-        from trajrag.planners.base import candidate_distances
-
         frontiers = [ctx.frontiers[c.frontier_index] for c in ctx.candidates]
         scores = getattr(planner, "last_scores", None)
         terms = getattr(planner, "last_terms", None)
@@ -140,6 +140,5 @@ def _score_rho(scores: Optional[Sequence[float]], to_goal: np.ndarray) -> Option
     s = np.asarray(scores, dtype=float)
     if np.ptp(s) == 0 or np.ptp(to_goal) == 0:
         return None
-    from scipy.stats import rankdata  # average ranks for ties, as Spearman's rho needs
-
+    # rankdata gives tied values their average rank, as Spearman's rho needs
     return float(np.corrcoef(rankdata(s), rankdata(-to_goal))[0, 1])
