@@ -59,7 +59,7 @@ from trajrag.memory.matching import (
     match,
     rotate_sectors,
 )
-from trajrag.memory.store import CHUNKS, DECISIONS, Batch, MemoryStore, StoreError
+from trajrag.memory.store import CHUNKS, DECISIONS, Batch, MemoryStore, StoreError, label_categories
 from trajrag.topo.describe import describe
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -663,7 +663,7 @@ class TrajectoryMemory:
 
     def categories(self) -> tuple[str, ...]:
         """The store's label vocabulary: category name of each label id >= 0."""
-        return tuple(name for _, name in sorted((v, k) for k, v in self._vocab.items()))
+        return label_categories(self._vocab)
 
     def load_trajectory(self, trajectory_id: str) -> TopoPolarTrajectory | None:
         """A stored chunk back as a trajectory in its own frame (categories = the store's)."""

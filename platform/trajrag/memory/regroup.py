@@ -17,40 +17,45 @@ import sys
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 from tqdm import tqdm
 
 from trajrag.memory.grouping import MemoryConfig, TrajectoryMemory
 from trajrag.memory.matching import N_SECTORS
-from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError
+from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError, label_categories
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 _CHUNK_COLUMNS = ["trajectory_id", "node_xy", "sectors", "goal", "reference_yaw", "success",
                   "episode_id", "scene_hint", "description", "policy"]
 
 
-def insertion_order(source: MemoryStore) -> list[str]:
-    """Trajectory ids of the source's chunks, in the order their first decision was logged."""
-    chunk_ids = set(source.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist())
+def insertion_order(source: MemoryStore, chunk_ids: list[str]) -> list[str]:
+    """``chunk_ids`` (the source's chunks) in the order their first decision was logged."""
+    stored = set(chunk_ids)
     log = source.read(DECISIONS, ["seq", "trajectory_id"]).to_pylist()
     order: list[str] = []
     seen: set[str] = set()
     for row in sorted(log, key=lambda r: r["seq"]):
         tid = row["trajectory_id"]
-        if tid in chunk_ids and tid not in seen:
+        if tid in stored and tid not in seen:
             order.append(tid)
             seen.add(tid)
-    return order + sorted(chunk_ids - seen)  # chunks without a logged decision: none expected
+    return order + sorted(stored - seen)  # chunks without a logged decision: none expected
 
 
-def _chunks(source: MemoryStore, order: list[str],
-            batch_rows: int = 1024) -> Iterator[tuple[dict, TopoPolarTrajectory]]:
-    """The chunks in ``order`` as (row, trajectory). The table stays in Arrow form, and only
-    ``batch_rows`` rows at a time become Python objects (a 350k-chunk store is ~1 GB in Arrow)."""
-    categories = tuple(name for _, name in sorted((v, k) for k, v in source.vocabulary().items()))
+def _ordered_table(source: MemoryStore) -> pa.Table:
+    """The source's chunks table (the columns a replay needs), read once, in insertion order."""
     table = source.read(CHUNKS, _CHUNK_COLUMNS)
-    position = {tid: k for k, tid in enumerate(table.column("trajectory_id").to_pylist())}
-    ordered = table.take([position[tid] for tid in order])
-    for batch in ordered.to_batches(max_chunksize=batch_rows):
+    ids = table.column("trajectory_id").to_pylist()
+    position = {tid: k for k, tid in enumerate(ids)}
+    return table.take([position[tid] for tid in insertion_order(source, ids)])
+
+
+def _trajectories(table: pa.Table, categories: tuple[str, ...],
+                  batch_rows: int = 1024) -> Iterator[tuple[dict, TopoPolarTrajectory]]:
+    """Each row with its trajectory. The table stays in Arrow form and only ``batch_rows`` rows
+    at a time become Python objects (a 350k-chunk store is ~1 GB in Arrow)."""
+    for batch in table.to_batches(max_chunksize=batch_rows):
         for row in batch.to_pylist():
             yield row, TopoPolarTrajectory(
                 node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
@@ -72,11 +77,12 @@ def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
     if target.n_chunks:
         raise StoreError(f"regroup target {target_uri} already holds {target.n_chunks} chunks; "
                          "give a new path")
-    order = insertion_order(source)
-    bar = tqdm(_chunks(source, order), total=len(order), desc="regroup", unit="chunk",
-               disable=not progress, file=sys.stderr)
+    table = _ordered_table(source)
+    rows = _trajectories(table, label_categories(source.vocabulary()))
+    bar = tqdm(rows, total=table.num_rows, desc="regroup", unit="chunk", disable=not progress,
+               file=sys.stderr)
     for k, (row, traj) in enumerate(bar, start=1):
         target.insert(traj, trajectory_id=row["trajectory_id"], description=row["description"],
                       policy=row["policy"], commit=k % cfg.batch_size == 0)
     target.flush()
-    return len(order)
+    return table.num_rows

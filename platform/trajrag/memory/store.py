@@ -194,6 +194,11 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def label_categories(vocabulary: dict[str, int]) -> tuple[str, ...]:
+    """The category name of each label id 0, 1, ... of a name -> label id vocabulary."""
+    return tuple(name for _, name in sorted((label, name) for name, label in vocabulary.items()))
+
+
 def compose_se2(outer: Iterable[float], inner: Iterable[float]) -> tuple[float, float, float]:
     """``outer o inner`` for SE(2) transforms given as (theta, tx, ty)."""
     composed = Transform2D(*(float(v) for v in outer)).compose(Transform2D(*(float(v) for v in inner)))
