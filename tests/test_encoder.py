@@ -158,6 +158,22 @@ def test_info_nce_rewards_aligned_pairs_and_ignores_same_group_candidates():
     assert float(one_group) < float(other_groups)
 
 
+def test_mask_same_goal_spares_a_goal_pairs_other_same_goal_chunks_only():
+    rng = np.random.default_rng(2)
+    za = torch.nn.functional.normalize(torch.tensor(rng.normal(size=(4, 8)), dtype=torch.float32), dim=1)
+    zp = za.clone()
+    zp[1] = za[0]  # pair 1's positive looks exactly like anchor 0: a hard negative for row 0
+    ga = torch.tensor([0, 1, 2, 3])
+    gp = torch.tensor([10, 11, 2, 3])  # pairs 0 and 1 are same-goal pairs (different groups)
+    goal = torch.tensor([7, 7, 8, 9])
+    plain = info_nce(za, zp, ga, gp, tau=0.1)
+    masked = info_nce(za, zp, ga, gp, tau=0.1, goal_a=goal, goal_p=goal)
+    assert float(masked) < float(plain)
+    # Pairs of one group (pairs 0 and 1 now group pairs) keep their same-goal negatives.
+    same_group = info_nce(za, zp, ga, ga, tau=0.1, goal_a=goal, goal_p=goal)
+    assert float(same_group) == pytest.approx(float(info_nce(za, zp, ga, ga, tau=0.1)))
+
+
 def test_pairs_come_from_the_group_else_the_goal_and_workers_get_equal_batches():
     group = np.array([0, 0, 0, 1, 2, 3])
     goal = np.array([5, 5, 6, 7, 7, 8])

@@ -85,6 +85,7 @@ class TrainConfig:
     positive_fallback: a chunk alone in its group gets a positive with its goal (``goal``, the
     paper) or a random crop of itself (``crop``: a contiguous run of at least
     ``crop_min_fraction`` of its nodes, at least 2) or either with even odds (``goal_or_crop``).
+    mask_same_goal: a same-goal pair's other same-goal chunks are not its negatives (``info_nce``).
     """
 
     epochs: int
@@ -106,6 +107,7 @@ class TrainConfig:
     wandb_project: str
     positive_fallback: str
     crop_min_fraction: float
+    mask_same_goal: bool
 
     def __post_init__(self) -> None:
         if self.positive_fallback not in ("goal", "crop", "goal_or_crop"):

@@ -87,7 +87,7 @@ def gather(t, rank: int, world: int, keep_grad: bool):
     return torch.cat(parts)
 
 
-def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1):
+def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1, goal_a=None, goal_p=None):
     """Symmetric InfoNCE (Eq. 7) over the pairs (za[i], zp[i]) of all workers.
 
     za, zp: (B, Z) unit rows of this worker (a dot product is the cosine similarity); ga, gp:
@@ -100,6 +100,11 @@ def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1):
     row's anchor or positive group other than its own partner are masked out, so negatives all
     come from other groups (paper: "negatives are randomly drawn from different groups"). Equal
     B on every worker is required.
+
+    goal_a, goal_p: (B,) goal codes, given only with ``encoder.train.mask_same_goal``: a row whose
+    pair is a same-goal pair (different groups, one goal) then also leaves out the candidates with
+    that goal. Otherwise the other same-goal chunks are its negatives, and the only way to tell the
+    drawn partner from them is to memorise the draw (the goal half of z is the same for all).
     """
     import torch
     import torch.nn.functional as F
@@ -110,12 +115,20 @@ def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1):
     target = torch.arange(n, device=za.device)
     own = torch.eye(n, dtype=torch.bool, device=za.device)
 
-    def masked(logits, groups):
+    goals = None
+    if goal_a is not None:
+        Ka, Kp = gather(goal_a, rank, world, False), gather(goal_p, rank, world, False)
+        goal_pair = (Ga != Gp) & (Ka == Kp)
+        goals = (Ka, Kp, goal_pair)
+
+    def masked(logits, groups, candidate_goals):
         same = (groups[None, :] == Ga[:, None]) | (groups[None, :] == Gp[:, None])
+        if goals is not None:
+            same |= goals[2][:, None] & (candidate_goals[None, :] == goals[0][:, None])
         return logits.masked_fill(same & ~own, float("-inf"))
 
-    loss_a = F.cross_entropy(masked(Za @ Zp.T / tau, Gp), target)
-    loss_p = F.cross_entropy(masked(Zp @ Za.T / tau, Ga), target)
+    loss_a = F.cross_entropy(masked(Za @ Zp.T / tau, Gp, goals[1] if goals else None), target)
+    loss_p = F.cross_entropy(masked(Zp @ Za.T / tau, Ga, goals[0] if goals else None), target)
     return 0.5 * (loss_a + loss_p)
 
 
@@ -201,8 +214,10 @@ def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int,
         z = model(torch.from_numpy(nodes).to(device), torch.from_numpy(mask).to(device),
                   torch.from_numpy(data.goal_vectors(index)).to(device))
         groups = torch.from_numpy(data.group[index]).to(device)
+        goal = torch.from_numpy(data.goal_code[index]).to(device) if cfg.train.mask_same_goal else None
         loss = info_nce(z[: len(a)], z[len(a):], groups[: len(a)], groups[len(a):],
-                        cfg.train.tau, rank, world)
+                        cfg.train.tau, rank, world,
+                        *((goal[: len(a)], goal[len(a):]) if goal is not None else ()))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
