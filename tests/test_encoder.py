@@ -216,6 +216,19 @@ def test_held_out_scenes_are_deterministic_disjoint_and_leave_training_scenes():
         split_scenes(["only"], 0.2, 1, seed=0)
 
 
+def test_folds_hold_out_every_scene_exactly_once():
+    scenes = [f"s{i}" for i in range(11)] * 2
+    splits = [split_scenes(scenes, 0.2, 2, seed=0, fold=(i, 4)) for i in range(4)]
+    held = [h for _, h in splits]
+    assert sorted(s for h in held for s in h) == sorted(set(scenes))  # a partition
+    assert all(sorted(train + h) == sorted(set(scenes)) for train, h in splits)
+    with pytest.raises(EncoderError, match="12 folds"):
+        split_scenes(scenes, 0.2, 2, seed=0, fold=(0, 12))
+    for bad in ("4/4", "1/1", "two"):
+        with pytest.raises(ValueError, match="encoder.train.fold"):
+            load_config([f"encoder.train.fold={bad}"])
+
+
 # -- Ray Train, a killed worker, evaluation, the store ---------------------------------------------
 def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
@@ -263,3 +276,28 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
 
     assert main(["encoder", "eval", "--store", store_uri, "--model", str(tmp_path / "nope")]) == 2
     assert "encoder.json" in capsys.readouterr().err
+
+
+def test_cross_validation_pools_the_queries_of_every_fold(ray_session, store_uri, tiny_node_dir,
+                                                          tmp_path, capsys):
+    from trajrag.cli import main
+    from trajrag.memory.store import MemoryStore
+
+    versions = MemoryStore(store_uri, read_only=True).versions()
+    code = main(["encoder", "cv", "--store", store_uri, "--out", str(tmp_path / "cv"), "--folds", "2",
+                 "--workers", "1", "--json", *(a for o in _overrides(tiny_node_dir, epochs=1)
+                                                for a in ("--set", o))])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    folds = report["per_fold"]
+    held = [s for f in folds for s in f["held_out_scenes"]]
+    assert len(held) == len(set(held)) == 8  # each of the 8 homes held out exactly once
+    assert report["queries"] == sum(f["queries"] for f in folds) > 0
+    for name in ("trained", "text", "untrained"):
+        pooled = sum(f[name]["recall@5"] * f["queries"] for f in folds) / report["queries"]
+        assert report[name]["recall@5"] == pytest.approx(pooled)
+    diff = report["trained_minus_text"]["recall@5"]
+    assert diff["mean"] == pytest.approx(report["trained"]["recall@5"] - report["text"]["recall@5"])
+    assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
+    assert (tmp_path / "cv" / "fold-1" / META).is_file()
+    assert MemoryStore(store_uri, read_only=True).versions() == versions  # the store is only read

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
+from trajrag.bootstrap import paired_interval
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize
@@ -187,8 +188,7 @@ def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamp
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])  # the same interval in any table
         for key in ("success", "spl"):
             d = np.array([float(other[k]["metrics"][key]) - float(base[k]["metrics"][key]) for k in shared])
-            boot = d[rng.integers(len(d), size=(resamples, len(d)))].mean(axis=1)
-            low, high = np.percentile(boot, [2.5, 97.5])
+            low, high = paired_interval(d, rng, resamples)
             cells.append(f"{d.mean():+.3f} [{low:+.3f}, {high:+.3f}]")
         lines.append(f"| {name} | {len(shared)} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,8 @@
 * ``trajrag encoder eval --store PATH --model MODEL_DIR [--json] [--no-write]``: recall@1/5/10 on
   the held-out scenes for the trained encoder, the text baseline and the untrained encoder (one
   JSON object), then the trained embeddings written into the store's chunks.
+* ``trajrag encoder cv --store PATH --out DIR [--folds K]``: the same recall over K folds that
+  hold out every scene once, pooled, with paired bootstrap intervals (``encoder.crossval``).
 
 Both share ``trajrag.encoder.train.train_encoder`` / ``trajrag.encoder.evaluate.evaluate_encoder``
 with ``jobs/train_encoder.py``.
@@ -46,6 +48,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_override_arg(ev)
     ev.set_defaults(func=eval_command)
 
+    cv = actions.add_parser(
+        "cv", help="cross-validated recall: every scene held out once",
+        description="Train one encoder per fold (encoder.train.fold I/K; the folds partition the "
+        "store's scenes), evaluate each on its held-out scenes as `encoder eval` does, and pool "
+        "the queries of all folds: recall@1/5/10 of the trained encoder, the text baseline and the "
+        "untrained encoder, and the trained encoder's paired difference to each with a 95% "
+        "bootstrap interval over queries. Writes <out>/fold-I model folders; never writes the store.")
+    cv.add_argument("--store", required=True, help="memory store URI")
+    cv.add_argument("--out", required=True, help="folder for the fold models")
+    cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
+    cv.add_argument("--workers", type=int, default=None,
+                    help="Ray Train workers (default: encoder.train.workers)")
+    cv.add_argument("--json", action="store_true", help="print one JSON object, no progress")
+    add_override_arg(cv)
+    cv.set_defaults(func=cv_command)
+
 
 def _user_error(exc: Exception) -> UserError:
     return UserError(str(exc))
@@ -77,6 +95,20 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         result = evaluate_encoder(args.store, args.model, overrides=args.overrides,
                                   write=not args.no_write)
+    except EncoderError as exc:
+        raise _user_error(exc) from None
+    print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
+    return 0
+
+
+def cv_command(args: argparse.Namespace) -> int:
+    from trajrag.encoder import EncoderError
+    from trajrag.encoder.crossval import cross_validate
+
+    log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    try:
+        result = cross_validate(args.store, args.out, args.folds, workers=args.workers,
+                                overrides=args.overrides, log=log)
     except EncoderError as exc:
         raise _user_error(exc) from None
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))

@@ -86,6 +86,8 @@ class TrainConfig:
     paper) or a random crop of itself (``crop``: a contiguous run of at least
     ``crop_min_fraction`` of its nodes, at least 2) or either with even odds (``goal_or_crop``).
     mask_same_goal: a same-goal pair's other same-goal chunks are not its negatives (``info_nce``).
+    fold: empty = hold out ``held_out_fraction`` of the scenes; ``"I/K"`` = hold out fold I of K
+    (``data.split_scenes``; ``trajrag encoder cv`` trains every fold).
     """
 
     epochs: int
@@ -108,13 +110,27 @@ class TrainConfig:
     positive_fallback: str
     crop_min_fraction: float
     mask_same_goal: bool
+    fold: str
 
     def __post_init__(self) -> None:
+        self.fold_index()  # validates
         if self.positive_fallback not in ("goal", "crop", "goal_or_crop"):
             raise ValueError("encoder.train.positive_fallback must be goal, crop or goal_or_crop, "
                              f"got {self.positive_fallback!r}")
         if not 0.0 < self.crop_min_fraction <= 1.0:
             raise ValueError(f"encoder.train.crop_min_fraction must be in (0, 1], got {self.crop_min_fraction}")
+
+    def fold_index(self) -> tuple[int, int] | None:
+        """``fold`` as (I, K), or None when empty."""
+        if not str(self.fold).strip():
+            return None
+        try:
+            index, folds = (int(part) for part in str(self.fold).split("/"))
+        except ValueError:
+            raise ValueError(f"encoder.train.fold must be I/K (e.g. 0/5), got {self.fold!r}") from None
+        if not (folds >= 2 and 0 <= index < folds):
+            raise ValueError(f"encoder.train.fold {self.fold!r}: need K >= 2 and 0 <= I < K")
+        return index, folds
 
 
 @dataclass

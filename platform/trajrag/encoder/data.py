@@ -76,14 +76,23 @@ def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
 
 
 def split_scenes(scenes: Sequence[str], fraction: float, min_held_out: int,
-                 seed: int) -> tuple[list[str], list[str]]:
+                 seed: int, fold: tuple[int, int] | None = None) -> tuple[list[str], list[str]]:
     """(training scenes, held-out scenes): the ``max(min_held_out, round(fraction * n))`` scenes
-    first in the order of a seeded hash; at least one scene stays for training."""
+    first in the order of a seeded hash; at least one scene stays for training.
+
+    ``fold=(i, k)`` instead holds out every k-th scene of that order from the i-th: the k folds
+    of one seed partition the scenes, so each scene is held out exactly once (``encoder cv``)."""
     unique = sorted(set(scenes))
     if len(unique) < 2:
         raise EncoderError(f"the store holds {len(unique)} scene(s); training with held-out "
                            "scenes needs at least 2")
     order = sorted(unique, key=lambda s: hashlib.sha256(f"{seed}:{s}".encode()).hexdigest())
+    if fold is not None:
+        index, folds = fold
+        if folds > len(unique):
+            raise EncoderError(f"{folds} folds need at least {folds} scenes; the store holds {len(unique)}")
+        held = order[index::folds]
+        return sorted(s for s in unique if s not in set(held)), sorted(held)
     n_out = min(max(min_held_out, int(round(fraction * len(unique)))), len(unique) - 1)
     return sorted(order[n_out:]), sorted(order[:n_out])
 

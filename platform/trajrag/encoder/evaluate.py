@@ -27,12 +27,11 @@ from trajrag.encoder import EncoderConfig, EncoderError, load_config
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
 
 
-def recall_at_k(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> tuple[dict[str, float], int]:
-    """recall@k of same-group neighbours by cosine similarity (rows of ``z`` are unit vectors).
-
-    Returns ({"recall@k": share of queries with a positive among their k nearest}, queries).
-    Queries without any positive (a group of one) are left out.
-    """
+def query_hits(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> dict[int, np.ndarray]:
+    """{k: bool per query, whether a same-group chunk is among its k nearest by cosine similarity
+    (rows of ``z`` are unit vectors; the query itself excluded)}: recall@k is its mean. The
+    queries are the rows whose group has another member (a group of one has no positive), in
+    row order."""
     z = np.asarray(z, dtype=np.float32)
     group = np.asarray(group)
     sizes = {g: int(n) for g, n in zip(*np.unique(group, return_counts=True))}
@@ -48,7 +47,7 @@ def recall_at_k(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> tuple[di
     # argpartition leaves the top k_max unordered: order them.
     order = np.take_along_axis(top, np.argsort(-np.take_along_axis(sim, top, 1), axis=1), 1)
     hit = group[order] == group[queries][:, None]
-    return {f"recall@{k}": float(hit[:, :k].any(axis=1).mean()) for k in ks}, int(queries.sum())
+    return {k: hit[:, :k].any(axis=1) for k in ks}
 
 
 def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
@@ -124,11 +123,12 @@ def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()
 
 def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,
                      overrides: Sequence[str] = (), write: bool = True,
-                     node_encoder: Any = None) -> dict:
+                     node_encoder: Any = None, hits: dict | None = None) -> dict:
     """Held-out recall of the trained encoder, the text baseline and the untrained encoder.
 
     Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..}, "held_out": {scenes,
-    chunks, queries, written, encoder_version}}``.
+    chunks, queries, written, encoder_version}}``. ``hits``, when given, is filled with
+    ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds.
     """
     from trajrag.encoder.model import TrajectoryEncoder, embed, untrained_model
     from trajrag.memory.store import MemoryStore
@@ -157,7 +157,11 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     result: dict = {}
     queries = 0
     for name, z in embeddings.items():
-        result[name], queries = recall_at_k(z, data.group, cfg.eval.ks)
+        per_query = query_hits(z, data.group, cfg.eval.ks)
+        result[name] = {f"recall@{k}": float(h.mean()) for k, h in per_query.items()}
+        queries = len(per_query[cfg.eval.ks[0]])
+        if hits is not None:
+            hits[name] = per_query
     written = embed_chunks(store, encoder, records, names, cfg) if write else 0
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),

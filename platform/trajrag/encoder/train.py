@@ -390,7 +390,8 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     if not records:
         raise EncoderError(f"memory store {getattr(store, 'uri', store)} holds no chunks to train on")
     train_scenes, held_out = split_scenes([r.scene for r in records], cfg.train.held_out_fraction,
-                                          cfg.train.min_held_out_scenes, cfg.train.seed)
+                                          cfg.train.min_held_out_scenes, cfg.train.seed,
+                                          cfg.train.fold_index())
     keep = set(train_scenes)
     train_records = [r for r in records if r.scene in keep]
     say(f"{len(train_records)} training chunks from {len(train_scenes)} scenes; "
