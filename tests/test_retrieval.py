@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,6 +55,24 @@ def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memor
     assert len(result.experiences[0]) <= retriever.cfg.top_k
     sims = [e.similarity for e in result.experiences[0]]
     assert sims == sorted(sims, reverse=True)
+
+
+def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
+    from trajrag.bench.store import perturb
+    from trajrag.memory.store import CHUNKS, MemoryStore
+
+    store, model_dir = nav_memory
+    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["trajectory_id", "success"]).to_pylist()
+    succeeded = {r["trajectory_id"] for r in rows if r["success"]}
+    tid, traj = next((tid, traj) for tid, traj in (_stored(store, k) for k in range(len(rows)))
+                     if tid in succeeded)
+    # The agent's map frame is not the one the walk was stored in.
+    moved, _, _ = perturb(traj, np.random.default_rng(4), theta=np.radians(75.0))
+    result = _retriever(store, model_dir, "retrieval.project_goal=true").retrieve([moved], traj.goal)
+    assert result.goal_points is not None and len(result.goal_points)
+    gaps = np.linalg.norm(result.goal_points - moved.node_xy[-1], axis=1)
+    assert gaps.min() < 0.15  # metres: the walk's own end, carried through both transforms
+    assert _retriever(store, model_dir).retrieve([moved], traj.goal).goal_points is None  # off by default
 
 
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
@@ -167,6 +186,27 @@ def test_scoring_planner_follows_experience_and_reduces_to_nearest_frontier():
     assert planner.last_retrieval is not None and len(planner.episode_stats()["retrieval_ms"]) == 1
     blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2))
     assert blind.choose(ctx) == NearestFrontierPlanner(0.0).choose(ctx) == 0
+
+
+def test_scoring_planner_walks_towards_a_projected_goal_only_when_there_is_one():
+    candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
+    ctx = _context(candidates, [2.0, 2.5])
+    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2)
+
+    class _Projecting(_FixedRetriever):
+        def __init__(self, points):
+            super().__init__([])
+            self.points = points
+
+        def retrieve(self, trajectories, goal):
+            return replace(super().retrieve(trajectories, goal), goal_points=self.points)
+
+    # 2.5 m + 4 m on to the goal beats 2 m + 5 m; without points the nearer frontier wins.
+    planner = ScoringPlanner(_Projecting(np.array([[5.0, 0.0]])), cfg)
+    assert planner.choose(ctx) == 1
+    assert planner.last_terms["goal_projection"].tolist() == [-5.0, -4.0]
+    assert ScoringPlanner(_Projecting(np.zeros((0, 2))), cfg).choose(ctx) == 0
+    assert ScoringPlanner(_Projecting(None), cfg).choose(ctx) == 0
 
 
 def test_scene_graph_relations_count_objects_seen_together():

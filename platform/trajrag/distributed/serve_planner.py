@@ -145,6 +145,7 @@ def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
         "experiences": [[_experience_to_dict(e) for e in exps] for exps in retrieval.experiences],
         "names": {str(k): v for k, v in retrieval.names.items()},
         "coarse_ms": float(retrieval.coarse_ms), "fine_ms": float(retrieval.fine_ms),
+        "goal_points": None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist(),
     }
 
 
@@ -161,7 +162,9 @@ def retrieval_from_dict(data: Mapping[str, Any]) -> DecisionRetrieval:
                                   "node_xy": np.asarray(e["node_xy"], dtype=float).reshape(-1, 2)})
                     for e in exps] for exps in data["experiences"]]
     names = {int(k): v for k, v in data["names"].items()}
-    return DecisionRetrieval(experiences, names, float(data["coarse_ms"]), float(data["fine_ms"]))
+    points = data.get("goal_points")
+    return DecisionRetrieval(experiences, names, float(data["coarse_ms"]), float(data["fine_ms"]),
+                             None if points is None else np.asarray(points, dtype=float).reshape(-1, 2))
 
 
 # -- the deployments ------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
   was found (cosine of object-label histograms, the goal itself left out since an unseen goal
   is what the agent looks for): "in past homes, the goal was next to what lies ahead here";
 * **cost**: the geodesic distance to the frontier, in metres (the nearest-frontier criterion),
-  plus the nearest-frontier planner's hysteresis so re-decisions do not dither.
+  plus the nearest-frontier planner's hysteresis so re-decisions do not dither; with
+  ``retrieval.project_goal``, plus the straight line on from the frontier to where past walks
+  through this place found the goal (``goal_beyond``), when the coarse stage recognised the place.
 
 score = w_similarity * similarity + w_context * context - w_distance_per_m * distance. With
 both experience weights at 0 this is the nearest-frontier planner.
@@ -72,10 +74,25 @@ class ScoringPlanner(RetrievalTimings):
         context = np.array([
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
-        scores = cfg.w_similarity * similarity + cfg.w_context * context - cfg.w_distance_per_m * distance
+        beyond = goal_beyond(ctx, retrieval.goal_points)
+        scores = (cfg.w_similarity * similarity + cfg.w_context * context
+                  - cfg.w_distance_per_m * (distance + beyond))
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
+        if retrieval.goal_points is not None:
+            self.last_terms["goal_projection"] = -beyond
         # keep the previous target unless it is clearly worse
         return scores + hysteresis_bonus(ctx, cfg.hysteresis_m, cfg.w_distance_per_m)
+
+
+def goal_beyond(ctx: PlannerContext, goal_points: np.ndarray | None) -> np.ndarray:
+    """Per candidate, metres in a straight line from its frontier to the nearest point where a
+    past walk through this place found the goal (``retrieval.project_goal``); zeros without
+    such points, so the score is then unchanged."""
+    if goal_points is None or not len(goal_points):
+        return np.zeros(len(ctx.candidates))
+    frontiers = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates], dtype=float)
+    gaps = np.linalg.norm(frontiers[:, None, :] - np.asarray(goal_points, dtype=float)[None, :, :], axis=2)
+    return gaps.min(axis=1)
 
 
 def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:

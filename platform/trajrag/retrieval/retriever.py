@@ -13,6 +13,12 @@ descriptions with the frozen MiniLM instead of f_E (TE; with ``coarse: false`` t
 TrajTextRAG); the node representation (TPS-G+S, TPS-S, TPS-G, TNA) comes with the encoder
 model folder (``encoder.node.representation`` at training) and is applied to the matching too.
 
+With ``project_goal`` the coarse stage's geometry is used as well: when a candidate matches a
+group (an accepted match: the same place), the end of each successful walk towards the goal in
+that group, carried through the chunk's group transform and the inverse of the match's, is where
+the goal was found, in the agent's map frame (``DecisionRetrieval.goal_points``). Only a home
+the memory has seen gives such points; in an unseen home the matcher accepts almost nothing.
+
 The retriever holds the chunks it searches in memory (ids, groups, goals, sectors, embeddings):
 at 100k chunks that is ~350 MB with 768-wide float32 embeddings; ``bench scale`` measures an ANN
 backend for larger stores (any ``ChunkSearch``).
@@ -58,6 +64,7 @@ class RetrievalConfig:
     embed_missing: bool
     torch_threads: int
     seed: int
+    project_goal: bool
 
 
 class ExactChunkSearch:
@@ -148,8 +155,8 @@ class Retriever:
         from trajrag.memory.store import CHUNKS
 
         table = self.store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "success",
-                                         "sectors", "node_xy", "description", "embedding",
-                                         "encoder_version"])
+                                         "sectors", "node_xy", "group_transform", "description",
+                                         "embedding", "encoder_version"])
         if table.num_rows == 0:
             raise RetrievalError(f"memory store {self.store.uri} has no chunks: build one with "
                                  "`trajrag corpus build` before retrieving from it")
@@ -159,7 +166,9 @@ class Retriever:
         self.goals = np.asarray(cols["goal"], dtype=object)
         self.success = np.asarray([bool(s) for s in cols["success"]])
         self.scene_hints, self.descriptions = cols["scene_hint"], cols["description"]
-        self.groups = np.asarray(self.store.resolve_groups(table.column("group_id").to_pylist()), dtype=np.int64)
+        aliases = self.store.group_aliases()
+        self.groups = np.asarray(self.store.resolve_groups(table.column("group_id").to_pylist(), aliases),
+                                 dtype=np.int64)
         self.sectors = [np.asarray(s, dtype=np.int16).reshape(-1, N_SECTORS) for s in table.column("sectors").to_pylist()]
         self.node_xy = [np.asarray(s, dtype=np.float64).reshape(-1, 2) for s in table.column("node_xy").to_pylist()]
         self.names = {label: name for name, label in self.store.vocabulary().items()}
@@ -169,6 +178,19 @@ class Retriever:
         self.rows_of_goal = _index_rows(self.goals.tolist())
         self.rows_of_group_goal = _index_rows(list(zip(self.groups.tolist(), self.goals.tolist())))
         self.embeddings = self._chunk_embeddings(table, cols["encoder_version"])
+        self.end_in_group = self._ends_in_group(table, aliases) if self.cfg.project_goal else None
+
+    def _ends_in_group(self, table: Any, aliases: dict) -> np.ndarray:
+        """float (N, 2): each chunk's last node in its (current) group's frame, metres; NaN
+        where the chunk has no transform."""
+        from trajrag.memory.matching import Transform2D
+
+        rows = self.store.resolve_chunks(table.select(["group_id", "group_transform"]), aliases)
+        ends = np.full((len(rows), 2), np.nan)
+        for i, (row, xy) in enumerate(zip(rows, self.node_xy)):
+            if row["group_transform"] is not None and len(xy):
+                ends[i] = Transform2D(*row["group_transform"]).apply(xy[-1:])[0]
+        return ends
 
     def _chunk_embeddings(self, table: Any, versions: list[str | None]) -> np.ndarray:
         """Unit rows (N, D): stored f_E embeddings of this encoder's version, or text embeddings
@@ -214,9 +236,11 @@ class Retriever:
         by_goal = self.cfg.goal_filter and goal in self.rows_of_goal
         allowed: list[np.ndarray | None] = [self.rows_of_goal[goal] if by_goal else None] * len(queries)
         coarse: list[dict[int, float]] = [{} for _ in queries]
+        places: list[tuple[float, int, Any]] = []  # (score, group, query->group transform)
         if self.cfg.coarse and self.rows_of_group:
             for i, q in enumerate(queries):
-                coarse[i] = self._coarse(q, goal if by_goal else None)
+                coarse[i], accepted = self._coarse(q, goal if by_goal else None)
+                places.extend(accepted)
                 rows = [self._group_rows(g, goal if by_goal else None) for g in coarse[i]]
                 allowed[i] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
         mid = time.perf_counter()
@@ -229,26 +253,42 @@ class Retriever:
         found = self._search.search(z, allowed, self.cfg.top_k)
         experiences = [[self._experience(row, sim, coarse[i].get(int(self.groups[row]), 0.0))
                         for row, sim in hits] for i, hits in enumerate(found)]
+        goal_points = self._goal_points(places, goal) if self.cfg.project_goal else None
         end = time.perf_counter()
-        return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3)
+        return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3,
+                                 goal_points=goal_points)
 
-    def _coarse(self, q: _Query, goal: str | None) -> dict[int, float]:
+    def _goal_points(self, places: list[tuple[float, int, Any]], goal: str) -> np.ndarray:
+        """float (P, 2) map-frame metres: where past successful walks of the best-matched place
+        found ``goal`` (the ends of that group's chunks, through the inverse of the match)."""
+        for _, gid, transform in sorted(places, key=lambda p: -p[0]):
+            rows = self._group_rows(gid, goal)
+            ends = self.end_in_group[rows[self.success[rows]]] if len(rows) else np.zeros((0, 2))
+            ends = ends[np.isfinite(ends).all(axis=1)]
+            if len(ends):
+                return transform.inverse().apply(ends)
+        return np.zeros((0, 2))
+
+    def _coarse(self, q: _Query, goal: str | None) -> tuple[dict[int, float], list[tuple[float, int, Any]]]:
         """The kept groups -> their coarse score (inlier ratio), best first: the prefilter's
-        best-voted groups re-ranked by exact matching (score, then inlier count, then vote).
+        best-voted groups re-ranked by exact matching (score, then inlier count, then vote);
+        and the accepted matches as (score, group, query->group transform).
         With a ``goal``, groups are added in that order, then in vote order down to
         ``goal_search_groups``, until the kept ones hold ``top_k`` chunks towards the goal (a
         group is one place, and most places were walked towards a few goals only)."""
         votes = self._node_votes(q.sectors)
         voted = rank_votes(votes, self.cfg.prefilter_groups)
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
-        scored = []
+        scored, accepted = [], []
         for rank, gid in enumerate(voted):
             result = match(q, self.memory.summaries[gid], self.memory.params, rng)
             scored.append((-float(result.score), -result.n_inliers, rank, gid))
+            if result.accepted:
+                accepted.append((float(result.score), gid, result.transform))
         ranked = [(gid, -neg) for neg, _, _, gid in sorted(scored)]
         kept = dict(ranked[: self.cfg.coarse_groups])
         if goal is None:
-            return kept
+            return kept, accepted
         more = ranked[self.cfg.coarse_groups:] + [
             (g, 0.0) for g in rank_votes(votes, self.cfg.goal_search_groups) if g not in voted]
         found = sum(len(self._group_rows(g, goal)) for g in kept)
@@ -257,7 +297,7 @@ class Retriever:
                 break
             kept[gid] = score
             found += len(self._group_rows(gid, goal))
-        return kept
+        return kept, accepted
 
     def _group_rows(self, group: int, goal: str | None) -> np.ndarray:
         """Rows of a group's chunks (towards ``goal`` only, when given)."""

@@ -40,12 +40,15 @@ class DecisionRetrieval:
 
     names: store label id -> category name (for reading ``Experience.sectors``).
     coarse_ms / fine_ms: wall time of each stage for the whole decision (all candidates).
+    goal_points: float (P, 2) map-frame metres where past walks through the matched place found
+    the goal (``retrieval.project_goal``); None when not computed, empty when none.
     """
 
     experiences: list[list[Experience]]
     names: dict[int, str]
     coarse_ms: float = 0.0
     fine_ms: float = 0.0
+    goal_points: np.ndarray | None = None
 
     @property
     def total_ms(self) -> float:
