@@ -92,7 +92,7 @@ def split_scenes(scenes: Sequence[str], fraction: float, min_held_out: int,
         if folds > len(unique):
             raise EncoderError(f"{folds} folds need at least {folds} scenes; the store holds {len(unique)}")
         held = order[index::folds]
-        return sorted(s for s in unique if s not in set(held)), sorted(held)
+        return sorted(set(unique) - set(held)), sorted(held)
     n_out = min(max(min_held_out, int(round(fraction * len(unique)))), len(unique) - 1)
     return sorted(order[n_out:]), sorted(order[:n_out])
 

@@ -115,20 +115,19 @@ def info_nce(za, zp, ga, gp, tau: float, rank: int = 0, world: int = 1, goal_a=N
     target = torch.arange(n, device=za.device)
     own = torch.eye(n, dtype=torch.bool, device=za.device)
 
-    goals = None
-    if goal_a is not None:
+    mask_goals = goal_a is not None
+    if mask_goals:
         Ka, Kp = gather(goal_a, rank, world, False), gather(goal_p, rank, world, False)
         goal_pair = (Ga != Gp) & (Ka == Kp)
-        goals = (Ka, Kp, goal_pair)
 
-    def masked(logits, groups, candidate_goals):
+    def masked(logits, groups, goals):
         same = (groups[None, :] == Ga[:, None]) | (groups[None, :] == Gp[:, None])
-        if goals is not None:
-            same |= goals[2][:, None] & (candidate_goals[None, :] == goals[0][:, None])
+        if mask_goals:
+            same |= goal_pair[:, None] & (goals[None, :] == Ka[:, None])
         return logits.masked_fill(same & ~own, float("-inf"))
 
-    loss_a = F.cross_entropy(masked(Za @ Zp.T / tau, Gp, goals[1] if goals else None), target)
-    loss_p = F.cross_entropy(masked(Zp @ Za.T / tau, Ga, goals[0] if goals else None), target)
+    loss_a = F.cross_entropy(masked(Za @ Zp.T / tau, Gp, Kp if mask_goals else None), target)
+    loss_p = F.cross_entropy(masked(Zp @ Za.T / tau, Ga, Ka if mask_goals else None), target)
     return 0.5 * (loss_a + loss_p)
 
 
@@ -217,7 +216,8 @@ def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int,
         goal = torch.from_numpy(data.goal_code[index]).to(device) if cfg.train.mask_same_goal else None
         loss = info_nce(z[: len(a)], z[len(a):], groups[: len(a)], groups[len(a):],
                         cfg.train.tau, rank, world,
-                        *((goal[: len(a)], goal[len(a):]) if goal is not None else ()))
+                        goal_a=None if goal is None else goal[: len(a)],
+                        goal_p=None if goal is None else goal[len(a):])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

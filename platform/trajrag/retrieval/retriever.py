@@ -154,9 +154,10 @@ class Retriever:
     def _load_chunks(self) -> None:
         from trajrag.memory.store import CHUNKS
 
+        # group_transform only places the goal ends of ``project_goal``: not read otherwise.
         table = self.store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "success",
-                                         "sectors", "node_xy", "group_transform", "description",
-                                         "embedding", "encoder_version"])
+                                         "sectors", "node_xy", "description", "embedding", "encoder_version",
+                                         *(["group_transform"] if self.cfg.project_goal else [])])
         if table.num_rows == 0:
             raise RetrievalError(f"memory store {self.store.uri} has no chunks: build one with "
                                  "`trajrag corpus build` before retrieving from it")
