@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from scipy import ndimage
 
-from trajrag.topo.candidates import candidate_paths, frontier_node, step_candidates
+from trajrag.topo.candidates import MapPlace, candidate_paths, frontier_node, map_place, step_candidates
 from trajrag.topo.sectors import sector_vectors
 from trajrag.topo.trajectory import TopoPolarTrajectory, load_config
 from trajrag.world.frames import xy_to_cell
@@ -80,6 +81,24 @@ def walk(points, step=0.1) -> np.ndarray:
     out.append(np.asarray(points[-1], float))
     xy = np.array(out)
     return np.c_[xy, np.zeros(len(xy))]
+
+
+def test_the_map_place_holds_every_node_of_the_map_with_its_sectors_and_the_walked_steps(cfg, t_and_room):
+    sem_map, frontiers = t_and_room
+    traj, _, graph = step_candidates(sem_map, walk([(0.8, 3.5), (3.5, 3.5)]), frontiers, "bed", cfg)
+    place = map_place(sem_map, graph, traj, cfg)
+    assert len(place) == len(graph) > len(traj)  # the walled-off room's nodes too, never walked
+    np.testing.assert_allclose(place.node_xy, graph.xy)
+    np.testing.assert_array_equal(place.sectors, sector_vectors(sem_map, graph.cells, traj.reference_yaw, cfg))
+    edges = {tuple(e) for e in place.edges.tolist()}
+    assert {tuple(sorted(e)) for e in graph.edges.tolist()} <= edges
+    walked = {tuple(sorted(p)) for p in zip(traj.node_ids[:-1].tolist(), traj.node_ids[1:].tolist()) if p[0] != p[1]}
+    assert walked <= edges
+    back = MapPlace.from_dict(json.loads(json.dumps(place.to_dict())))
+    np.testing.assert_array_equal(back.sectors, place.sectors)
+    assert back.categories == traj.categories and back.reference_yaw == traj.reference_yaw
+    with pytest.raises(ValueError, match="edges"):
+        MapPlace(place.node_xy, place.sectors, [[0, len(place)]], place.categories, 0.0)
 
 
 def test_every_reachable_frontier_gets_a_path_and_the_walled_off_one_none(cfg, t_and_room):

@@ -75,6 +75,56 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
     assert _retriever(store, model_dir).retrieve([moved], traj.goal).goal_points is None  # off by default
 
 
+def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
+    from trajrag.bench.store import perturb
+    from trajrag.memory.store import CHUNKS, MemoryStore
+    from trajrag.topo.candidates import MapPlace
+
+    store, model_dir = nav_memory
+    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["trajectory_id", "success"]).to_pylist()
+    succeeded = {r["trajectory_id"] for r in rows if r["success"]}
+    tid, traj = next((tid, traj) for tid, traj in (_stored(store, k) for k in range(len(rows)))
+                     if tid in succeeded)
+    moved, _, _ = perturb(traj, np.random.default_rng(5), theta=np.radians(-40.0))
+    # Two walked nodes: under the matcher's minimum of inliers, so the candidate alone is not
+    # recognised; the map the agent has seen holds the whole place.
+    short = replace(moved, node_xy=moved.node_xy[:2], sectors=moved.sectors[:2],
+                    node_visit_steps=moved.node_visit_steps[:2], node_ids=moved.node_ids[:2])
+    seen = MapPlace(moved.node_xy, moved.sectors, moved.edges, moved.categories, moved.reference_yaw)
+    retriever = _retriever(store, model_dir, "retrieval.project_goal=true")
+    assert retriever.uses_place and not _retriever(store, model_dir).uses_place
+    assert len(retriever.retrieve([short], traj.goal).goal_points) == 0
+    result = retriever.retrieve([short], traj.goal, seen)
+    assert len(result.experiences) == 1  # still one list of experiences per candidate
+    gaps = np.linalg.norm(result.goal_points - moved.node_xy[-1], axis=1)
+    assert gaps.min() < 0.15  # metres: where the stored walk found the goal, in this map's frame
+
+
+def test_the_map_place_travels_with_a_decision_request_and_a_malformed_one_is_named():
+    from trajrag.distributed.serve_planner import PlannerRequestError, context_from_request, decision_request
+    from trajrag.planners.base import PlannerContext
+    from trajrag.topo.candidates import CandidatePath, MapPlace
+    from trajrag.topo.trajectory import TopoPolarTrajectory
+
+    walked = TopoPolarTrajectory(node_xy=[[0.0, 0.0], [1.0, 0.0]], sectors=np.full((2, 12), FREE),
+                                 categories=("toilet",), goal="toilet", reference_yaw=0.3)
+    place = MapPlace([[0.0, 0.0], [1.0, 0.0], [1.0, 1.5]], np.full((3, 12), OBSTACLE), [[0, 1], [1, 2]],
+                     ("toilet",), 0.3)
+    ctx = PlannerContext("toilet", 7, None, None, walked, [CandidatePath(0, np.arange(2), 1.0, walked)],
+                         [SimpleNamespace(centroid_xy=np.array([1.0, 0.0]))], np.array([1.0]), place=place)
+    request = json.loads(json.dumps(decision_request(ctx)))
+    back, _ = context_from_request(request)
+    np.testing.assert_allclose(back.place.node_xy, place.node_xy)
+    np.testing.assert_array_equal(back.place.sectors, place.sectors)
+    np.testing.assert_array_equal(back.place.edges, place.edges)
+    assert back.place.reference_yaw == pytest.approx(0.3)
+    assert context_from_request({**request, "place": None})[0].place is None
+    with pytest.raises(PlannerRequestError, match="place"):
+        context_from_request({**request, "place": {"node_xy": [[0.0, 0.0]]}})
+    with pytest.raises(PlannerRequestError, match="place"):
+        context_from_request({**request, "place": {**request["place"], "edges": [[0, 9]]}})
+
+
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
     store, model_dir = nav_memory
     tid, traj = _stored(store, 1)
@@ -149,7 +199,8 @@ def _context(candidates, distances, goal="toilet"):
                for i, (c, d) in enumerate(zip(candidates, distances))]
     frontiers = [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(len(candidates))]
     return SimpleNamespace(goal=goal, candidates=wrapped, frontiers=frontiers,
-                           frontier_distances=np.asarray(distances, dtype=float), current_waypoint=None)
+                           frontier_distances=np.asarray(distances, dtype=float), current_waypoint=None,
+                           place=None)
 
 
 def _experience(goal, end_labels, success=True, similarity=0.9):
@@ -162,7 +213,7 @@ class _FixedRetriever:
     def __init__(self, experiences):
         self.experiences = experiences
 
-    def retrieve(self, trajectories, goal):
+    def retrieve(self, trajectories, goal, place=None):
         return DecisionRetrieval([list(self.experiences) for _ in trajectories], {0: "toilet", 1: "sink", 2: "bed"}, 1.0, 1.0)
 
 
@@ -180,25 +231,27 @@ def test_scoring_planner_follows_experience_and_reduces_to_nearest_frontier():
     candidates = [_candidate([2, 2]), _candidate([1, 1])]  # bed ahead (near), sink ahead (far)
     ctx = _context(candidates, [2.0, 4.0])
     retriever = _FixedRetriever([_experience("toilet", [0, 1, 1])])
-    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=1.0, end_nodes=2)
+    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=1.0, end_nodes=2,
+                        keep_goal_points=True)
     planner = ScoringPlanner(retriever, cfg)
     assert planner.choose(ctx) == 1  # the sink side, worth a 2 m detour
     assert planner.last_retrieval is not None and len(planner.episode_stats()["retrieval_ms"]) == 1
-    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2))
+    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2, True))
     assert blind.choose(ctx) == NearestFrontierPlanner(0.0).choose(ctx) == 0
 
 
 def test_scoring_planner_walks_towards_a_projected_goal_only_when_there_is_one():
     candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
     ctx = _context(candidates, [2.0, 2.5])
-    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2)
+    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2,
+                        keep_goal_points=False)
 
     class _Projecting(_FixedRetriever):
         def __init__(self, points):
             super().__init__([])
             self.points = points
 
-        def retrieve(self, trajectories, goal):
+        def retrieve(self, trajectories, goal, place=None):
             return replace(super().retrieve(trajectories, goal), goal_points=self.points)
 
     # 2.5 m + 4 m on to the goal beats 2 m + 5 m; without points the nearer frontier wins.
@@ -207,6 +260,18 @@ def test_scoring_planner_walks_towards_a_projected_goal_only_when_there_is_one()
     assert planner.last_terms["goal_projection"].tolist() == [-5.0, -4.0]
     assert ScoringPlanner(_Projecting(np.zeros((0, 2))), cfg).choose(ctx) == 0
     assert ScoringPlanner(_Projecting(None), cfg).choose(ctx) == 0
+
+    # A place recognised once keeps guiding the episode when later matches fail (keep_goal_points),
+    # and the next episode starts without it.
+    retriever = _Projecting(np.array([[5.0, 0.0]]))
+    for keep, later_choice in ((True, 1), (False, 0)):
+        planner = ScoringPlanner(retriever, replace(cfg, keep_goal_points=keep))
+        retriever.points = np.array([[5.0, 0.0]])
+        assert planner.choose(ctx) == 1
+        retriever.points = np.zeros((0, 2))
+        assert planner.choose(ctx) == later_choice
+        planner.reset("toilet", 0)
+        assert planner.choose(ctx) == 0
 
 
 def test_scene_graph_relations_count_objects_seen_together():

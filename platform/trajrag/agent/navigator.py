@@ -24,7 +24,7 @@ from trajrag.agent.map_builder import MapBuilder
 from trajrag.mapping.frontiers import Frontier, find_frontiers
 from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
 from trajrag.planners.base import Planner, PlannerContext
-from trajrag.topo.candidates import step_candidates
+from trajrag.topo.candidates import map_place, step_candidates
 from trajrag.topo.trajectory import TopoGraph
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import wrap_angle
@@ -237,10 +237,12 @@ class Navigator:
             reference_yaw=episode.start_pose().yaw, episode_id=str(episode.episode_id), scene_id=episode.scene_key)
         if candidates:
             self.stats.planner_calls += 1
+            place = (map_place(sem, self.graph, trajectory, self.topo_cfg)
+                     if getattr(self.planner, "wants_place", False) else None)
             ctx = PlannerContext(self.goal, self.step, pose, sem, trajectory, candidates, frontiers,
                                  frontier_distances(sem, pose.xy, frontiers, self.policy.cfg.inflation_radius_m,
                                                     self.policy.trail),
-                                 self.waypoint)
+                                 self.waypoint, place)
             choice = self.planner.choose(ctx)
             if self.decision_observer is not None:
                 self.decision_observer(ctx, choice, self.planner)

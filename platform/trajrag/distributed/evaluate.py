@@ -162,10 +162,12 @@ def make_evaluator_agent(planner: str, sim_cfg: Any, overrides: Sequence[str], s
     """The agent of an evaluator: the navigator with a ``RemotePlanner`` on app ``serve_app``, or
     the registry's agent ``planner`` when no app is given."""
     if serve_app:
+        from trajrag import config
         from trajrag.agent.navigator import make_navigator
         from trajrag.distributed.serve_planner import RemotePlanner
 
-        return make_navigator(RemotePlanner(serve_app, serve_cfg), sim_cfg, overrides, seed=0)
+        wants_place = bool(config.load("retrieval", overrides).project_goal)
+        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place), sim_cfg, overrides, seed=0)
     from trajrag.agent.registry import make_agent
 
     return make_agent(planner, sim_cfg, overrides)

@@ -80,9 +80,10 @@ class ServeUnavailableError(RuntimeError):
 
 # -- the wire format ------------------------------------------------------------------------------
 def decision_request(ctx: PlannerContext) -> dict:
-    """The JSON-safe request of one decision: the goal, the previous waypoint and, per
-    candidate, its hypothetical trajectory, path length, geodesic distance to its frontier
-    (``None`` = not found) and the frontier's centroid (map-frame metres)."""
+    """The JSON-safe request of one decision: the goal, the previous waypoint, the whole map
+    (``MapPlace``, or ``None``) and, per candidate, its hypothetical trajectory, path length,
+    geodesic distance to its frontier (``None`` = not found) and the frontier's centroid
+    (map-frame metres)."""
     candidates = []
     for c in ctx.candidates:
         distance = float(ctx.frontier_distances[c.frontier_index])
@@ -91,7 +92,9 @@ def decision_request(ctx: PlannerContext) -> dict:
                            "frontier_distance_m": distance if math.isfinite(distance) else None,
                            "frontier_xy": centroid.tolist()})
     waypoint = None if ctx.current_waypoint is None else np.asarray(ctx.current_waypoint, float).tolist()
-    return {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint, "candidates": candidates}
+    place = None if ctx.place is None else ctx.place.to_dict()
+    return {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint, "candidates": candidates,
+            "place": place}
 
 
 @dataclass
@@ -135,8 +138,22 @@ def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
         raise PlannerRequestError("decision request: 'current_waypoint' must be [x, y] or null") from None
     ctx = PlannerContext(goal=goal, step=int(request.get("step", 0)), pose=None, sem_map=None,
                          trajectory=candidates[0].trajectory, candidates=candidates, frontiers=frontiers,
-                         frontier_distances=np.asarray(distances, dtype=float), current_waypoint=waypoint)
+                         frontier_distances=np.asarray(distances, dtype=float), current_waypoint=waypoint,
+                         place=place_from_request(request))
     return ctx, [c.trajectory for c in candidates]
+
+
+def place_from_request(request: Mapping[str, Any]) -> Any:
+    """The request's ``MapPlace`` (``None`` when it carries none); ``PlannerRequestError`` if malformed."""
+    from trajrag.topo.candidates import MapPlace
+
+    raw = request.get("place")
+    if raw is None:
+        return None
+    try:
+        return MapPlace.from_dict(raw)
+    except (TypeError, ValueError) as exc:
+        raise PlannerRequestError(f"decision request: place: {type(exc).__name__}: {exc}") from None
 
 
 def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
@@ -183,7 +200,8 @@ class RetrieverDeployment:
         self.lock = threading.Lock()
 
     def retrieve(self, request: Mapping[str, Any]) -> dict:
-        """``{"goal": str, "candidates": [trajectory dict, ...]}`` -> ``retrieval_to_dict``."""
+        """``{"goal": str, "candidates": [trajectory dict, ...], "place": MapPlace dict or None}``
+        -> ``retrieval_to_dict``."""
         from trajrag.topo.trajectory import TopoPolarTrajectory
 
         try:
@@ -191,8 +209,9 @@ class RetrieverDeployment:
             trajectories = [TopoPolarTrajectory.from_dict(t) for t in request["candidates"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise PlannerRequestError(f"retrieval request: {type(exc).__name__}: {exc}") from None
+        place = place_from_request(request)
         with self.lock:
-            return retrieval_to_dict(self.retriever.retrieve(trajectories, goal))
+            return retrieval_to_dict(self.retriever.retrieve(trajectories, goal, place))
 
 
 class PlannerDeployment:
@@ -214,7 +233,8 @@ class PlannerDeployment:
         started = time.perf_counter()
         ctx, trajectories = context_from_request(request)
         answer = await self.retriever.retrieve.remote(
-            {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]]})
+            {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]],
+             "place": request.get("place")})
         retrieval = retrieval_from_dict(answer)
         if len(retrieval.experiences) != len(trajectories):
             raise RuntimeError(f"the retriever answered {len(retrieval.experiences)} candidates "
@@ -374,8 +394,9 @@ class RemotePlanner:
 
     name = "trajrag"
 
-    def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None) -> None:
+    def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None, wants_place: bool = False) -> None:
         self.app, self.cfg, self._handle = app, cfg, handle
+        self.wants_place = wants_place  # the app's retriever projects the goal (sends ctx.place)
         self.goal = ""
         self.retrieval_ms: list[float] = []
         self.serve_ms: list[float] = []

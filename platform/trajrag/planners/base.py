@@ -14,7 +14,7 @@ import numpy as np
 
 from trajrag.mapping.frontiers import Frontier
 from trajrag.mapping.semantic_map import SemanticMap
-from trajrag.topo.candidates import CandidatePath
+from trajrag.topo.candidates import CandidatePath, MapPlace
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.frames import Pose2D
 
@@ -28,7 +28,9 @@ class PlannerContext:
     (non-empty). frontiers: all frontiers of the current map (``candidates[i].frontier_index``
     indexes them). frontier_distances: float (F,) geodesic metres from the agent to each
     frontier over the explored free space (``inf`` if none). current_waypoint: the map-frame
-    target of the previous decision (None at the first).
+    target of the previous decision (None at the first). place: every node of the current map's
+    topo graph with its sector vector (``topo.candidates.map_place``); only computed for a
+    planner whose ``wants_place`` is true, else None.
     """
 
     goal: str
@@ -40,6 +42,7 @@ class PlannerContext:
     frontiers: Sequence[Frontier]
     frontier_distances: np.ndarray
     current_waypoint: Optional[np.ndarray] = None
+    place: Optional[MapPlace] = None
 
 
 def candidate_distances(ctx: PlannerContext) -> np.ndarray:
@@ -82,7 +85,11 @@ class RetrievalTimings:
 
 
 class Planner(Protocol):
-    """Chooses a candidate path; ``choose`` returns an index into ``ctx.candidates``."""
+    """Chooses a candidate path; ``choose`` returns an index into ``ctx.candidates``.
+
+    A planner that reads ``ctx.place`` has an attribute ``wants_place = True`` (the navigator
+    computes it only then: a sector vector per map node).
+    """
 
     name: str
 

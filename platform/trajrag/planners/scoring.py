@@ -39,6 +39,7 @@ class ScoringConfig:
     w_distance_per_m: float
     hysteresis_m: float
     end_nodes: int
+    keep_goal_points: bool
 
 
 class ScoringPlanner(RetrievalTimings):
@@ -57,9 +58,19 @@ class ScoringPlanner(RetrievalTimings):
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
         self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
+        self.goal_points = np.zeros((0, 2))  # this episode's projected goal points (map frame, m)
+
+    def reset(self, goal: str, seed: int) -> None:
+        super().reset(goal, seed)
+        self.goal_points = np.zeros((0, 2))
+
+    @property
+    def wants_place(self) -> bool:
+        """Whether the navigator should pass the whole map (``PlannerContext.place``)."""
+        return bool(getattr(self.retriever, "uses_place", False))
 
     def choose(self, ctx: PlannerContext) -> int:
-        retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal)
+        retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal, ctx.place)
         self.last_retrieval = retrieval
         self.retrieval_ms.append(retrieval.total_ms)
         scores = self.score(ctx, retrieval)
@@ -74,7 +85,10 @@ class ScoringPlanner(RetrievalTimings):
         context = np.array([
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
-        beyond = goal_beyond(ctx, retrieval.goal_points)
+        points = retrieval.goal_points
+        if points is not None and cfg.keep_goal_points:
+            self.goal_points = points = _union(self.goal_points, points)
+        beyond = goal_beyond(ctx, points)
         scores = (cfg.w_similarity * similarity + cfg.w_context * context
                   - cfg.w_distance_per_m * (distance + beyond))
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
@@ -93,6 +107,12 @@ def goal_beyond(ctx: PlannerContext, goal_points: np.ndarray | None) -> np.ndarr
     frontiers = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates], dtype=float)
     gaps = np.linalg.norm(frontiers[:, None, :] - np.asarray(goal_points, dtype=float)[None, :, :], axis=2)
     return gaps.min(axis=1)
+
+
+def _union(kept: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The points of both (float (P, 2)), each once."""
+    both = np.vstack([kept.reshape(-1, 2), np.asarray(new, dtype=float).reshape(-1, 2)])
+    return np.unique(both, axis=0) if len(both) else both
 
 
 def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:

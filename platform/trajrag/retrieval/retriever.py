@@ -18,6 +18,9 @@ group (an accepted match: the same place), the end of each successful walk towar
 that group, carried through the chunk's group transform and the inverse of the match's, is where
 the goal was found, in the agent's map frame (``DecisionRetrieval.goal_points``). Only a home
 the memory has seen gives such points; in an unseen home the matcher accepts almost nothing.
+The whole current map (``topo.candidates.MapPlace``: every node of its topo graph, walked or
+only seen) is matched too when the caller passes it: early in an episode the walked part of a
+candidate holds too few nodes to be recognised.
 
 The retriever holds the chunks it searches in memory (ids, groups, goals, sectors, embeddings):
 at 100k chunks that is ~350 MB with 768-wide float32 embeddings; ``bench scale`` measures an ANN
@@ -65,6 +68,7 @@ class RetrievalConfig:
     torch_threads: int
     seed: int
     project_goal: bool
+    place_groups: int
 
 
 class ExactChunkSearch:
@@ -180,6 +184,11 @@ class Retriever:
         self.rows_of_group_goal = _index_rows(list(zip(self.groups.tolist(), self.goals.tolist())))
         self.embeddings = self._chunk_embeddings(table, cols["encoder_version"])
         self.end_in_group = self._ends_in_group(table, aliases) if self.cfg.project_goal else None
+        self.groups_finding: dict[str, set[int]] = {}  # goal -> groups with a walk's end at it
+        if self.end_in_group is not None:
+            placed = self.success & np.isfinite(self.end_in_group).all(axis=1)
+            for row in np.flatnonzero(placed):
+                self.groups_finding.setdefault(str(self.goals[row]), set()).add(int(self.groups[row]))
 
     def _ends_in_group(self, table: Any, aliases: dict) -> np.ndarray:
         """float (N, 2): each chunk's last node in its (current) group's frame, metres; NaN
@@ -226,8 +235,16 @@ class Retriever:
         return self.encoder.node_encoder.encode_texts(list(texts), max_length=self._text_max_length)
 
     # -- one decision -----------------------------------------------------------------------------
-    def retrieve(self, candidates: Sequence[Any], goal: str) -> DecisionRetrieval:
-        """The top-K experiences of each candidate (hypothetical ``TopoPolarTrajectory``s)."""
+    @property
+    def uses_place(self) -> bool:
+        """Whether ``retrieve`` reads a ``place`` (only to project the goal)."""
+        return bool(self.cfg.project_goal)
+
+    def retrieve(self, candidates: Sequence[Any], goal: str, place: Any = None) -> DecisionRetrieval:
+        """The top-K experiences of each candidate (hypothetical ``TopoPolarTrajectory``s).
+
+        place: the current map (``topo.candidates.MapPlace``), matched against the summaries
+        as a whole for ``project_goal``; ignored otherwise."""
         if not candidates:
             return DecisionRetrieval([], self.names)
         start = time.perf_counter()
@@ -244,6 +261,8 @@ class Retriever:
                 places.extend(accepted)
                 rows = [self._group_rows(g, goal if by_goal else None) for g in coarse[i]]
                 allowed[i] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        if self.cfg.project_goal and place is not None and len(place) and self.rows_of_group:
+            places.extend(self._recognise_goal_places(self._to_store_labels(place), goal))
         mid = time.perf_counter()
         if self.cfg.fine == FINE_TEXT:
             from trajrag.topo.describe import describe
@@ -299,6 +318,22 @@ class Retriever:
             kept[gid] = score
             found += len(self._group_rows(gid, goal))
         return kept, accepted
+
+    def _recognise_goal_places(self, q: _Query, goal: str) -> list[tuple[float, int, Any]]:
+        """The accepted matches of the map ``q`` as (score, group, query->group transform),
+        among the groups where some walk found ``goal``, best voted first: a home's memory is
+        many small groups, and only those that found the goal can say where it is."""
+        holding = self.groups_finding.get(goal)
+        if not holding:
+            return []
+        votes = [{g: w for g, w in v.items() if g in holding} for v in self._node_votes(q.sectors)]
+        rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
+        found = []
+        for gid in rank_votes(votes, self.cfg.place_groups):
+            result = match(q, self.memory.summaries[gid], self.memory.params, rng)
+            if result.accepted:
+                found.append((float(result.score), gid, result.transform))
+        return found
 
     def _group_rows(self, group: int, goal: str | None) -> np.ndarray:
         """Rows of a group's chunks (towards ``goal`` only, when given)."""

@@ -17,7 +17,7 @@ paths leading to all valid frontiers." Here:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 from scipy import ndimage, sparse
@@ -32,6 +32,7 @@ from trajrag.topo.trajectory import (
     prune_loops,
     topo_graph,
 )
+from trajrag.topo.labels import LABEL_DTYPE
 from trajrag.world.frames import xy_to_cell
 
 _EIGHT = np.ones((3, 3), dtype=bool)
@@ -214,3 +215,59 @@ def step_candidates(sem_map: SemanticMapLike, poses: np.ndarray, frontiers: Sequ
     edges = np.concatenate([graph.edges.reshape(-1, 2), walked]).astype(np.int64)
     current_node = int(traj.node_ids[-1])
     return traj, candidate_paths(graph.xy, edges, current_node, frontiers, sem_map, cfg, traj), graph
+
+
+@dataclass
+class MapPlace:
+    """Every node of the current map's topo graph with its sector vector: the query that
+    recognises a place the memory has seen (``retrieval.project_goal``). Unlike a candidate
+    path it does not depend on which nodes were walked, so the part of a home that was only
+    seen from afar counts too.
+
+    node_xy: float (K, 2) map-frame metres. sectors: int16 (K, n_sectors), label codes indexing
+    ``categories`` as in ``TopoPolarTrajectory``. edges: int (E, 2) undirected node pairs (the
+    skeleton's and the walked transitions). reference_yaw: radians, the heading of sector 0's left.
+    """
+
+    node_xy: np.ndarray
+    sectors: np.ndarray
+    edges: np.ndarray
+    categories: tuple[str, ...]
+    reference_yaw: float
+
+    def __post_init__(self) -> None:
+        self.node_xy = np.asarray(self.node_xy, dtype=np.float64).reshape(-1, 2)
+        self.sectors = np.asarray(self.sectors, dtype=LABEL_DTYPE).reshape(len(self.node_xy), -1)
+        self.edges = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
+        if len(self.edges) and (self.edges.min() < 0 or self.edges.max() >= len(self.node_xy)):
+            raise ValueError(f"map place: edges name nodes outside 0..{len(self.node_xy) - 1}")
+        self.categories = tuple(str(c) for c in self.categories)
+        self.reference_yaw = float(self.reference_yaw)
+
+    def __len__(self) -> int:
+        return len(self.node_xy)
+
+    def to_dict(self) -> dict:
+        """JSON-able dict (lists and scalars only)."""
+        return {"node_xy": self.node_xy.tolist(), "sectors": self.sectors.tolist(), "edges": self.edges.tolist(),
+                "categories": list(self.categories), "reference_yaw": self.reference_yaw}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MapPlace":
+        """Inverse of ``to_dict``; a missing key raises ``ValueError`` naming it."""
+        missing = [k for k in ("node_xy", "sectors", "edges", "categories", "reference_yaw") if k not in data]
+        if missing:
+            raise ValueError(f"map place dict lacks {missing}")
+        return cls(data["node_xy"], data["sectors"], data["edges"], tuple(data["categories"]), data["reference_yaw"])
+
+
+def map_place(sem_map: SemanticMapLike, graph: TopoGraph, walked: TopoPolarTrajectory, cfg: TopoConfig) -> MapPlace:
+    """The whole current map as one ``MapPlace``: ``graph``'s nodes with their sector vectors
+    (Eq. 3, in ``walked``'s reference heading) and its skeleton edges plus ``walked``'s
+    transitions (``walked.node_ids`` index ``graph``)."""
+    ids = walked.node_ids
+    steps = np.stack([ids[:-1], ids[1:]], axis=1) if len(ids) > 1 else np.zeros((0, 2), dtype=np.int64)
+    steps = steps[(steps >= 0).all(axis=1) & (steps < len(graph)).all(axis=1) & (steps[:, 0] != steps[:, 1])]
+    edges = np.unique(np.sort(np.concatenate([graph.edges.reshape(-1, 2), steps]), axis=1), axis=0)
+    sectors = sector_vectors(sem_map, graph.cells, walked.reference_yaw, cfg)
+    return MapPlace(graph.xy, sectors, edges, walked.categories, walked.reference_yaw)
