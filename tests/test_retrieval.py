@@ -100,19 +100,29 @@ def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(
     assert gaps.min() < 0.15  # metres: where the stored walk found the goal, in this map's frame
 
 
-def test_the_map_place_travels_with_a_decision_request_and_a_malformed_one_is_named():
-    from trajrag.distributed.serve_planner import PlannerRequestError, context_from_request, decision_request
+def _wire_request(place=None, frontier_distances=(1.0,)):
+    """A JSON decision request (one straight candidate per frontier at x = 0, 1, ... m)."""
+    from trajrag.distributed.serve_planner import decision_request
     from trajrag.planners.base import PlannerContext
-    from trajrag.topo.candidates import CandidatePath, MapPlace
+    from trajrag.topo.candidates import CandidatePath
     from trajrag.topo.trajectory import TopoPolarTrajectory
 
     walked = TopoPolarTrajectory(node_xy=[[0.0, 0.0], [1.0, 0.0]], sectors=np.full((2, 12), FREE),
                                  categories=("toilet",), goal="toilet", reference_yaw=0.3)
+    n = len(frontier_distances)
+    ctx = PlannerContext("toilet", 7, None, None, walked, [CandidatePath(i, np.arange(2), 1.0, walked) for i in range(n)],
+                         [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(n)],
+                         np.asarray(frontier_distances, dtype=float), place=place)
+    return json.loads(json.dumps(decision_request(ctx)))
+
+
+def test_the_map_place_travels_with_a_decision_request_and_a_malformed_one_is_named():
+    from trajrag.distributed.serve_planner import PlannerRequestError, context_from_request
+    from trajrag.topo.candidates import MapPlace
+
     place = MapPlace([[0.0, 0.0], [1.0, 0.0], [1.0, 1.5]], np.full((3, 12), OBSTACLE), [[0, 1], [1, 2]],
                      ("toilet",), 0.3)
-    ctx = PlannerContext("toilet", 7, None, None, walked, [CandidatePath(0, np.arange(2), 1.0, walked)],
-                         [SimpleNamespace(centroid_xy=np.array([1.0, 0.0]))], np.array([1.0]), place=place)
-    request = json.loads(json.dumps(decision_request(ctx)))
+    request = _wire_request(place)
     back, _ = context_from_request(request)
     np.testing.assert_allclose(back.place.node_xy, place.node_xy)
     np.testing.assert_array_equal(back.place.sectors, place.sectors)
@@ -123,6 +133,29 @@ def test_the_map_place_travels_with_a_decision_request_and_a_malformed_one_is_na
         context_from_request({**request, "place": {"node_xy": [[0.0, 0.0]]}})
     with pytest.raises(PlannerRequestError, match="place"):
         context_from_request({**request, "place": {**request["place"], "edges": [[0, 9]]}})
+
+
+def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points_back():
+    import asyncio
+
+    from trajrag.distributed.serve_planner import PlannerDeployment, retrieval_to_dict
+
+    class _Handle:  # the Retriever deployment: projects the goal at x = 5 m once, then never
+        def __init__(self):
+            self.points = [[[5.0, 0.0]], []]
+            self.retrieve = SimpleNamespace(remote=self._retrieve)
+
+        async def _retrieve(self, request):
+            return retrieval_to_dict(DecisionRetrieval([[], []], {}, goal_points=np.array(self.points.pop(0)).reshape(-1, 2)))
+
+    app = PlannerDeployment(_Handle(), [])
+    request = _wire_request(frontier_distances=(2.0, 2.5))  # frontier 0 nearer, the goal beyond 1
+    first = asyncio.run(app.decide(request))
+    assert first["choice"] == 1 and first["goal_points"] == [[5.0, 0.0]]
+    assert asyncio.run(app.decide({**request, "goal_points": first["goal_points"]}))["choice"] == 1
+    app.retriever = _Handle()
+    asyncio.run(app.decide(request))
+    assert asyncio.run(app.decide(request))["choice"] == 0  # nothing sent back: nothing kept
 
 
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):

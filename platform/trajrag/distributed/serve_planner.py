@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajrag.planners.base import PlannerContext
+from trajrag.planners.scoring import with_kept_points
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,14 @@ def place_from_request(request: Mapping[str, Any]) -> Any:
         raise PlannerRequestError(f"decision request: place: {type(exc).__name__}: {exc}") from None
 
 
+def kept_points_from_request(request: Mapping[str, Any]) -> np.ndarray:
+    """The episode's goal points so far, float (P, 2) (``"goal_points"``; none when absent)."""
+    try:
+        return np.asarray(request.get("goal_points") or [], dtype=float).reshape(-1, 2)
+    except (TypeError, ValueError):
+        raise PlannerRequestError("decision request: 'goal_points' must be a list of [x, y]") from None
+
+
 def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
     """A ``DecisionRetrieval`` as plain lists and scalars (label ids as string keys)."""
     return {
@@ -228,8 +237,10 @@ class PlannerDeployment:
         self.scorer = ScoringPlanner(None, config.load("scoring", list(overrides)))
 
     async def decide(self, request: Mapping[str, Any]) -> dict:
-        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms"}``
-        (milliseconds; ``retrieval_ms`` is the retriever's own compute time)."""
+        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms",
+        "goal_points"}`` (milliseconds; ``retrieval_ms`` is the retriever's own compute time;
+        ``goal_points``: the projected goal points the choice used, joined with the request's
+        own, which the client sends back with its next decision: the app keeps no episode state)."""
         started = time.perf_counter()
         ctx, trajectories = context_from_request(request)
         answer = await self.retriever.retrieve.remote(
@@ -239,10 +250,14 @@ class PlannerDeployment:
         if len(retrieval.experiences) != len(trajectories):
             raise RuntimeError(f"the retriever answered {len(retrieval.experiences)} candidates "
                                f"for {len(trajectories)}")
+        if self.scorer.cfg.keep_goal_points:  # the episode's points travel with its requests
+            retrieval = with_kept_points(retrieval, kept_points_from_request(request))
         scores = self.scorer.score(ctx, retrieval)
+        points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
-                "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3}
+                "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3,
+                "goal_points": points}
 
     async def __call__(self, http_request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -397,6 +412,7 @@ class RemotePlanner:
     def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None, wants_place: bool = False) -> None:
         self.app, self.cfg, self._handle = app, cfg, handle
         self.wants_place = wants_place  # the app's retriever projects the goal (sends ctx.place)
+        self.goal_points: list | None = None  # the episode's projected goal points, from the app
         self.goal = ""
         self.retrieval_ms: list[float] = []
         self.serve_ms: list[float] = []
@@ -406,6 +422,7 @@ class RemotePlanner:
     def reset(self, goal: str, seed: int) -> None:
         self.goal = goal
         self.retrieval_ms, self.serve_ms, self.retries = [], [], 0
+        self.goal_points = None
 
     def episode_stats(self) -> dict:
         """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
@@ -414,7 +431,8 @@ class RemotePlanner:
                 "serve_retries": self.retries, "fallbacks": 0}
 
     def choose(self, ctx: PlannerContext) -> int:
-        answer = self.request(decision_request(ctx))
+        answer = self.request({**decision_request(ctx), "goal_points": self.goal_points})
+        self.goal_points = answer.get("goal_points") or self.goal_points
         choice = int(answer["choice"])
         if not 0 <= choice < len(ctx.candidates):
             raise RuntimeError(f"the planner app answered choice {choice} for {len(ctx.candidates)} candidates")

@@ -21,7 +21,7 @@ both experience weights at 0 this is the nearest-frontier planner.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -71,6 +71,10 @@ class ScoringPlanner(RetrievalTimings):
 
     def choose(self, ctx: PlannerContext) -> int:
         retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal, ctx.place)
+        if self.cfg.keep_goal_points:
+            retrieval = with_kept_points(retrieval, self.goal_points)
+            if retrieval.goal_points is not None:
+                self.goal_points = retrieval.goal_points
         self.last_retrieval = retrieval
         self.retrieval_ms.append(retrieval.total_ms)
         scores = self.score(ctx, retrieval)
@@ -85,10 +89,7 @@ class ScoringPlanner(RetrievalTimings):
         context = np.array([
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
-        points = retrieval.goal_points
-        if points is not None and cfg.keep_goal_points:
-            self.goal_points = points = _union(self.goal_points, points)
-        beyond = goal_beyond(ctx, points)
+        beyond = goal_beyond(ctx, retrieval.goal_points)
         scores = (cfg.w_similarity * similarity + cfg.w_context * context
                   - cfg.w_distance_per_m * (distance + beyond))
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
@@ -109,10 +110,13 @@ def goal_beyond(ctx: PlannerContext, goal_points: np.ndarray | None) -> np.ndarr
     return gaps.min(axis=1)
 
 
-def _union(kept: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """The points of both (float (P, 2)), each once."""
-    both = np.vstack([kept.reshape(-1, 2), np.asarray(new, dtype=float).reshape(-1, 2)])
-    return np.unique(both, axis=0) if len(both) else both
+def with_kept_points(retrieval: DecisionRetrieval, kept: np.ndarray) -> DecisionRetrieval:
+    """``retrieval`` with its goal points joined by the episode's ``kept`` ones (float (P, 2),
+    map frame, metres; each point once); unchanged when it projects no goal at all (None)."""
+    if retrieval.goal_points is None:
+        return retrieval
+    both = np.vstack([np.asarray(kept, dtype=float).reshape(-1, 2), np.asarray(retrieval.goal_points, dtype=float).reshape(-1, 2)])
+    return replace(retrieval, goal_points=np.unique(both, axis=0) if len(both) else both)
 
 
 def goal_similarity(experiences: Sequence[Experience], goal: str) -> float:
