@@ -358,6 +358,44 @@ def test_fuse_check_refuses_a_fusion_the_two_summaries_do_not_support(tmp_path, 
     assert _memory(tmp_path / "refused", cfg).n_groups == 2  # the same after reopening
 
 
+def test_map_summaries_group_walks_that_saw_the_same_place_without_sharing_a_step(tmp_path, cfg, homes):
+    from trajrag.topo.candidates import MapPlace
+
+    rng = np.random.default_rng(21)
+    long = next(t for t in _trajs(homes, 40, 16, "long", length=(22, 26), label_noise=0.0,
+                                  unknown_rate=0.0) if len(t) >= 20)
+
+    def walked_in_map(lo: int, hi: int, name: str) -> TopoPolarTrajectory:
+        """Nodes lo..hi of the long walk, in an episode whose map holds all of it."""
+        seen = perturb(long, rng, episode_id=name)[0]
+        walk = replace(seen, node_xy=seen.node_xy[lo:hi], sectors=seen.sectors[lo:hi],
+                       node_visit_steps=seen.node_visit_steps[lo:hi], node_ids=np.arange(lo, hi))
+        walk.place = MapPlace(seen.node_xy, seen.sectors, seen.edges, seen.categories, seen.reference_yaw)
+        return walk
+
+    a, b = walked_in_map(0, 8, "first"), walked_in_map(len(long) - 8, len(long), "second")
+    by_walk = _memory(tmp_path / "walk", cfg)
+    assert [d.action for d in by_walk.insert_many([a, b])] == ["new", "new"]  # no shared step
+    by_map = _memory(tmp_path / "map", cfg, summary_geometry="map")
+    decisions = by_map.insert_many([a, b])
+    assert [d.action for d in decisions] == ["new", "merge"] and by_map.n_groups == 1
+    summary = next(iter(by_map.summaries.values()))
+    assert summary.n_nodes >= len(long) - 2  # the map's nodes, not only the 16 walked
+    # The chunks stay the walks; their summary nodes land where the walks were, in the group frame.
+    rows = {r["trajectory_id"]: r for r in by_map.store.read(CHUNKS).to_pylist()}
+    assert rows[trajectory_key(b)]["n_nodes"] == 8
+    T = decisions[1].transform
+    nodes = np.asarray(rows[trajectory_key(b)]["summary_nodes"])
+    assert np.linalg.norm(summary.node_xy[nodes] - T.apply(b.node_xy), axis=1).max() < cfg.merge_radius_m
+    # A map that does not hold its walk's nodes is rejected, and nothing is stored for it.
+    bad = replace(walked_in_map(0, 8, "bad"), node_ids=np.arange(8) + 100)
+    bad.place = a.place
+    assert by_map.insert(bad).action == "rejected"
+    assert by_map.n_chunks == 2
+    with pytest.raises(ValueError, match="summary_geometry"):
+        _memory(tmp_path / "typo", cfg, summary_geometry="maps")
+
+
 def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     trajs = _trajs(homes, 3, 17, "emb")

@@ -86,7 +86,7 @@ class Collector:
         chosen = episode_policy(episode, policy, self.cfg.oracle_fraction, self.cfg.seed)
         agent = self.agents[chosen]
         result = run_episode(self.sim, agent, episode, scene)
-        trajectory = agent.topo_trajectory(success=result.metrics.success)
+        trajectory = agent.topo_trajectory(success=result.metrics.success, with_place=True)
         return CollectedEpisode(trajectory_id(episode, chosen), chosen, trajectory, result)
 
     def collect(self, episodes: Sequence[ObjectNavEpisode], scenes: Sequence[Scene],

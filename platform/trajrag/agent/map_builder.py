@@ -15,7 +15,8 @@ import numpy as np
 
 from trajrag.mapping.semantic_map import MappingConfig, SemanticMap, SemanticMapper
 from trajrag.perception.oracle import OracleSegmenter, PerceptionConfig
-from trajrag.topo.trajectory import TopoConfig, TopoPolarTrajectory, build_topo_polar
+from trajrag.topo.candidates import map_place
+from trajrag.topo.trajectory import TopoConfig, TopoPolarTrajectory, build_topo_polar, topo_graph
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.interface import Action, CameraIntrinsics, Observations
 from trajrag.world.scene import Scene
@@ -66,14 +67,23 @@ class MapBuilder:
         self.poses.append((obs.pose.x, obs.pose.y, obs.pose.yaw))
         return updated
 
-    def topo_trajectory(self, success: bool) -> TopoPolarTrajectory:
-        """The episode as a topo-polar trajectory (reference heading: the start heading)."""
+    def topo_trajectory(self, success: bool, with_place: bool = False) -> TopoPolarTrajectory:
+        """The episode as a topo-polar trajectory (reference heading: the start heading).
+
+        with_place: attach the whole map as ``trajectory.place`` (a ``MapPlace`` whose nodes
+        ``trajectory.node_ids`` index), for memories whose summaries are maps
+        (``memory.summary_geometry``)."""
         episode = self.episode
-        return build_topo_polar(
-            self.map, np.asarray(self.poses, dtype=np.float64), episode.object_category, self.topo_cfg,
+        poses = np.asarray(self.poses, dtype=np.float64)
+        graph = topo_graph(self.map, self.topo_cfg, anchor_xy=poses[-1, :2], with_edges=True) if with_place else None
+        traj = build_topo_polar(
+            self.map, poses, episode.object_category, self.topo_cfg,
             reference_yaw=episode.start_pose().yaw, success=success,
-            episode_id=str(episode.episode_id), scene_id=episode.scene_key,
+            episode_id=str(episode.episode_id), scene_id=episode.scene_key, graph=graph,
         )
+        if graph is not None and len(graph):
+            traj.place = map_place(self.map, graph, traj, self.topo_cfg)
+        return traj
 
 
 class RecordingAgent:
@@ -92,5 +102,5 @@ class RecordingAgent:
         self.builder.observe(observations)
         return self.agent.act(observations)
 
-    def topo_trajectory(self, success: bool) -> TopoPolarTrajectory:
-        return self.builder.topo_trajectory(success)
+    def topo_trajectory(self, success: bool, with_place: bool = False) -> TopoPolarTrajectory:
+        return self.builder.topo_trajectory(success, with_place)

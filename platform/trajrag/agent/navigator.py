@@ -286,9 +286,10 @@ class Navigator:
         xy = sem.to_xy(cells + np.array([r0, c0]))
         return xy[int(np.argmin(np.linalg.norm(xy - pose.xy, axis=1)))]
 
-    def topo_trajectory(self, success: bool):
-        """The finished episode as a topo-polar trajectory (for export and the memory)."""
-        return self.builder.topo_trajectory(success)
+    def topo_trajectory(self, success: bool, with_place: bool = False):
+        """The finished episode as a topo-polar trajectory (for export and the memory; with its
+        map as ``.place`` when ``with_place``, see ``MapBuilder.topo_trajectory``)."""
+        return self.builder.topo_trajectory(success, with_place)
 
 
 def frontier_distances(sem, xy: np.ndarray, frontiers: Sequence[Frontier], inflation_m: float,

@@ -66,6 +66,8 @@ from trajrag.topo.trajectory import TopoPolarTrajectory
 
 # Store-wide label ids are int8 in the chunks table (compact storage).
 MAX_LABEL = 127
+# memory.summary_geometry: summaries of the walked nodes (the paper) or of the walks' maps.
+GEOMETRY_WALK, GEOMETRY_MAP = "walk", "map"
 
 
 @dataclass
@@ -92,6 +94,7 @@ class MemoryConfig:
     ivf_kmeans_iterations: int
     fuse_groups: bool
     fuse_check: bool
+    summary_geometry: str
     descriptor_dim: int
     embedding_dim: int
     batch_size: int
@@ -165,8 +168,22 @@ class _Member:
 
 
 @dataclass
+class _Nodes:
+    """Nodes that are matched against summaries and fused into them (store label ids)."""
+
+    node_xy: np.ndarray
+    sectors: np.ndarray
+    edges: np.ndarray
+    reference_yaw: float
+
+
+@dataclass
 class _Prepared:
-    """A validated trajectory, sectors in store label ids."""
+    """A validated trajectory, sectors in store label ids.
+
+    geometry: what is matched and fused (the walk's own nodes, or with ``summary_geometry:
+    map`` the nodes of the map it was walked in); walk_nodes: int (K,) each walk node's index
+    into ``geometry``."""
 
     trajectory_id: str
     node_xy: np.ndarray
@@ -179,6 +196,8 @@ class _Prepared:
     policy: str
     success: bool
     description: str
+    geometry: _Nodes
+    walk_nodes: np.ndarray
 
 
 def _attr(obj: Any, names: Iterable[str], default: Any = None) -> Any:
@@ -234,6 +253,9 @@ class TrajectoryMemory:
     def __init__(self, store: MemoryStore | str, cfg: MemoryConfig) -> None:
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim)
+        if cfg.summary_geometry not in (GEOMETRY_WALK, GEOMETRY_MAP):
+            raise ValueError(f"memory.summary_geometry must be {GEOMETRY_WALK!r} or {GEOMETRY_MAP!r}, "
+                             f"got {cfg.summary_geometry!r}")
         self.store = store
         self.cfg = cfg
         self.params = cfg.match_params()
@@ -360,13 +382,43 @@ class TrajectoryMemory:
             # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
             description = _attr(traj, ("description",)) or describe(TopoPolarTrajectory(
                 xy, sectors, categories, goal, ref, success=success))
+        geometry, walk_nodes = _Nodes(xy, mapped, edges, ref), np.arange(len(xy))
+        if self.cfg.summary_geometry == GEOMETRY_MAP:
+            place = self._map_geometry(traj, xy, lut, ref)
+            if isinstance(place, str):
+                return place
+            if place is not None:
+                geometry, walk_nodes = place
         return _Prepared(
             trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
             reference_yaw=ref,
             scene_hint=str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), "")),
             episode_id=str(_attr(traj, ("episode_id",), "")),
             policy=str(policy if policy is not None else _attr(traj, ("policy",), "")),
-            success=success, description=str(description))
+            success=success, description=str(description), geometry=geometry, walk_nodes=walk_nodes)
+
+    @staticmethod
+    def _map_geometry(traj: Any, xy: np.ndarray, lut: np.ndarray,
+                      ref: float) -> tuple[_Nodes, np.ndarray] | str | None:
+        """The map the trajectory was walked in (``traj.place``, a ``topo.candidates.MapPlace``
+        whose nodes ``traj.node_ids`` index) as matching geometry, or None when it carries none,
+        or the reason it does not fit the trajectory."""
+        place = getattr(traj, "place", None)
+        if place is None:
+            return None
+        ids = np.asarray(getattr(traj, "node_ids", ()), dtype=np.int64)
+        pxy = np.asarray(place.node_xy, dtype=np.float64).reshape(-1, 2)
+        if len(ids) != len(xy) or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(pxy) \
+                or not np.allclose(pxy[ids], xy, atol=1e-3):
+            return "its map place does not hold its nodes (node_ids do not index place.node_xy)"
+        if tuple(place.categories) != tuple(traj.categories) or float(place.reference_yaw) != ref:
+            return "its map place has other categories or another reference heading"
+        sectors = np.asarray(place.sectors)
+        if not np.isfinite(pxy).all() or sectors.shape != (len(pxy), N_SECTORS) \
+                or ((sectors < UNKNOWN) | (sectors >= len(lut))).any():
+            return "its map place has non-finite positions or invalid sector labels"
+        mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
+        return _Nodes(pxy, mapped.astype(np.int16), np.asarray(place.edges, dtype=np.int64).reshape(-1, 2), ref), ids
 
     # -- matching ------------------------------------------------------------------------------
 
@@ -379,11 +431,11 @@ class TrajectoryMemory:
         return np.random.default_rng([self.cfg.seed, zlib.crc32(tid.encode())])
 
     def match_group(self, prep: _Prepared, group_id: int) -> MatchResult:
-        return match(prep, self.summaries[group_id], self.params, self._rng(prep.trajectory_id))
+        return match(prep.geometry, self.summaries[group_id], self.params, self._rng(prep.trajectory_id))
 
     def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
         """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
-        found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.sectors)]
+        found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.geometry.sectors)]
         found = [(gid, r) for gid, r in found if r.accepted]
         return sorted(found, key=lambda gr: (-gr[1].score, -gr[1].n_inliers, gr[0]))
 
@@ -391,9 +443,9 @@ class TrajectoryMemory:
 
     def _map_nodes(self, prep: _Prepared, summary: Summary,
                    result: MatchResult) -> tuple[np.ndarray, np.ndarray]:
-        """Summary node id for each trajectory node (-1: a new node) and the moved positions."""
+        """Summary node id for each geometry node (-1: a new node) and the moved positions."""
         T = result.transform
-        moved = T.apply(prep.node_xy)
+        moved = T.apply(prep.geometry.node_xy)
         mapping = np.full(len(moved), -1, dtype=np.int64)
         best_d = np.full(len(moved), np.inf)
         for i, j in result.pairs[result.inliers]:
@@ -435,15 +487,15 @@ class TrajectoryMemory:
     def _new_group(self, prep: _Prepared) -> Decision:
         gid = self._next_group
         self._next_group += 1
-        k = len(prep.node_xy)
-        edges = {(min(a, b), max(a, b)) for a, b in prep.edges.tolist() if a != b}
-        summary = Summary(gid, prep.node_xy.copy(), prep.sectors.copy(),
-                          np.ones(k, dtype=np.int32), edges, prep.reference_yaw, 1,
+        geo = prep.geometry
+        edges = {(min(a, b), max(a, b)) for a, b in geo.edges.tolist() if a != b}
+        summary = Summary(gid, geo.node_xy.copy(), geo.sectors.copy(),
+                          np.ones(len(geo.node_xy), dtype=np.int32), edges, prep.reference_yaw, 1,
                           [prep.scene_hint] if prep.scene_hint else [], [prep.goal])
         self.summaries[gid] = summary
         self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
-        nodes = np.arange(k)
+        nodes = prep.walk_nodes
         self._pending.chunks.append(self._chunk_row(prep, gid, Transform2D.identity(), nodes))
         self._chunk_ids.add(prep.trajectory_id)
         self._add_member(gid, prep.goal, prep.trajectory_id, collapse_repeats(nodes))
@@ -454,7 +506,8 @@ class TrajectoryMemory:
         summary = self.summaries[gid]
         T = result.transform
         mapping, moved = self._map_nodes(prep, summary, result)
-        seq_known = collapse_repeats(mapping) if (mapping >= 0).all() else None
+        walk = mapping[prep.walk_nodes]
+        seq_known = collapse_repeats(walk) if (walk >= 0).all() else None
         members = self._members.get(gid, {}).get(prep.goal, [])
         if seq_known is not None:
             nodes = frozenset(seq_known)
@@ -466,7 +519,7 @@ class TrajectoryMemory:
                         reason=f"node list is an ordered subsequence of {m.trajectory_id}"))
         # Fuse into the summary: new nodes first, so that every trajectory node has an id.
         shift = implied_shift(T.theta, prep.reference_yaw, summary.reference_yaw)
-        rotated = rotate_sectors(prep.sectors, shift)
+        rotated = rotate_sectors(prep.geometry.sectors, shift)
         new = np.where(mapping < 0)[0]
         mapping[new] = summary.n_nodes + np.arange(len(new))
         old = np.setdiff1d(np.arange(len(mapping)), new)
@@ -480,7 +533,7 @@ class TrajectoryMemory:
         summary.node_xy = np.concatenate([summary.node_xy, moved[new]])
         summary.sectors = np.concatenate([summary.sectors, rotated[new]])
         summary.node_count = np.concatenate([summary.node_count, np.ones(len(new), np.int32)])
-        for a, b in prep.edges.tolist():
+        for a, b in prep.geometry.edges.tolist():
             u, v = int(mapping[a]), int(mapping[b])
             if u != v:
                 summary.edges.add((min(u, v), max(u, v)))
@@ -489,7 +542,8 @@ class TrajectoryMemory:
         if prep.goal not in summary.goals:
             summary.goals.append(prep.goal)
         # Members contained in the new trajectory are the shorter ones: drop them (paper).
-        seq = collapse_repeats(mapping)
+        walk = mapping[prep.walk_nodes]
+        seq = collapse_repeats(walk)
         nodes = frozenset(seq)
         superseded = [m for m in members if m.nodes <= nodes and is_subsequence(m.seq, seq)]
         for m in superseded:
@@ -503,7 +557,7 @@ class TrajectoryMemory:
         summary.n_members += 1 - len(superseded)
         self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
-        self._pending.chunks.append(self._chunk_row(prep, gid, T, mapping))
+        self._pending.chunks.append(self._chunk_row(prep, gid, T, walk))
         self._chunk_ids.add(prep.trajectory_id)
         self._add_member(gid, prep.goal, prep.trajectory_id, seq)
         return self._record(Decision(

@@ -7,12 +7,14 @@ every chunk of a source store, in the order it was first inserted, through a fre
 thousand chunks instead of a new collection. The source is only read.
 
 What a replay cannot bring back: trajectories the source dropped as redundant or rejected (only
-chunks keep their nodes), and chunk embeddings (they are written by ``trajrag encoder eval``;
-run it on the new store before retrieving from it).
+chunks keep their nodes), the maps the walks were made in (chunks keep the walk; with
+``memory.summary_geometry: map`` a replay groups by walks, and says so), and chunk embeddings
+(they are written by ``trajrag encoder eval``; run it on the new store before retrieving from it).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Iterator
 
@@ -20,10 +22,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from trajrag.memory.grouping import MemoryConfig, TrajectoryMemory
+from trajrag.memory.grouping import GEOMETRY_MAP, MemoryConfig, TrajectoryMemory
 from trajrag.memory.matching import N_SECTORS
 from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError, label_categories
 from trajrag.topo.trajectory import TopoPolarTrajectory
+
+log = logging.getLogger(__name__)
 
 _CHUNK_COLUMNS = ["trajectory_id", "node_xy", "sectors", "goal", "reference_yaw", "success",
                   "episode_id", "scene_hint", "description", "policy"]
@@ -72,6 +76,9 @@ def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
     Returns the number of chunks replayed (the target's decisions table says what became of
     each). Refuses a target that already holds chunks: the replay would mix two groupings.
     """
+    if cfg.summary_geometry == GEOMETRY_MAP:
+        log.warning("regroup: the store keeps walks, not the maps they were made in; "
+                    "memory.summary_geometry=map groups these chunks by their walks")
     source = MemoryStore(source_uri, read_only=True)
     target = TrajectoryMemory(target_uri, cfg)
     if target.n_chunks:

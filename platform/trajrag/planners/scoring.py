@@ -115,7 +115,8 @@ def with_kept_points(retrieval: DecisionRetrieval, kept: np.ndarray) -> Decision
     map frame, metres; each point once); unchanged when it projects no goal at all (None)."""
     if retrieval.goal_points is None:
         return retrieval
-    both = np.vstack([np.asarray(kept, dtype=float).reshape(-1, 2), np.asarray(retrieval.goal_points, dtype=float).reshape(-1, 2)])
+    both = np.vstack([np.asarray(kept, dtype=float).reshape(-1, 2),
+                      np.asarray(retrieval.goal_points, dtype=float).reshape(-1, 2)])
     return replace(retrieval, goal_points=np.unique(both, axis=0) if len(both) else both)
 
 
