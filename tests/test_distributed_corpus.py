@@ -93,3 +93,20 @@ def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_pat
     assert second["collected"] == 0 and second["skipped_already_stored"] == len(planned)
     assert second["chunks"] == first["chunks"] and second["groups"] == first["groups"]
     assert_exactly_once(store, planned)
+
+
+def test_map_summaries_hold_the_places_the_collectors_saw_not_only_walked(ray_session, tmp_path, planned):
+    store = tmp_path / "store"
+    build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), [*TINY, "memory.summary_geometry=map"],
+                     workers=2, progress=False)
+    assert_exactly_once(store, planned)
+    db = MemoryStore(str(store), read_only=True)
+    aliases = db.group_aliases()
+    walked: dict[int, set[int]] = {}
+    for row in db.resolve_chunks(db.read(CHUNKS, ["group_id", "summary_nodes"]), aliases):
+        walked.setdefault(int(row["group_id"]), set()).update(int(n) for n in row["summary_nodes"])
+    summaries = {int(r["group_id"]): len(r["node_xy"]) // 2 for r in db.read_summaries(["group_id", "node_xy"]).to_pylist()}
+    assert set(walked) <= set(summaries)
+    assert all(max(nodes) < summaries[g] for g, nodes in walked.items())  # chunk nodes index their summary
+    # Each collector's map travelled with its walk through Ray: the summaries hold seen, unwalked places.
+    assert sum(summaries[g] - len(nodes) for g, nodes in walked.items()) > 0
