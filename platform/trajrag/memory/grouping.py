@@ -30,6 +30,11 @@ incrementally constructed":
    two summaries must also match each other at the pose the trajectory implies, else the
    fusion is refused (``fuse_refused``): one chance accept then cannot chain two homes.
 
+With ``summary_geometry: map`` (ours), steps 1-5 run on the map each trajectory was walked in
+(``traj.place``, every node of the episode's topo graph, which collectors attach) instead of on
+its walked nodes: two walks through one home then match where they saw the same rooms, not only
+where they stepped; the chunk stays the walk, its summary nodes index the fused map.
+
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
 nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory
