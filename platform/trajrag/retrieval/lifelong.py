@@ -35,7 +35,8 @@ class LifelongMemory:
     def __call__(self, record: dict, agent: Any) -> None:
         success = bool(record["metrics"]["success"])
         tid = f"lifelong/{self.label}/{record['scene_key']}/{record['episode_id']}"
-        trajectory = agent.topo_trajectory(success=success)
+        # with its map, which a memory of maps (memory.summary_geometry) groups by
+        trajectory = agent.topo_trajectory(success=success, with_place=True)
         decision = self.memory.insert(trajectory, trajectory_id=tid)
         self.memory.flush()
         if decision.action in ("new", "merge", "fuse"):
