@@ -651,8 +651,8 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides
     agent = make_navigator(planner, sim_cfg, nav_overrides)
     retrieve = retriever.retrieve
 
-    def timed(trajectories, goal):
-        result = retrieve(trajectories, goal)
+    def timed(trajectories, goal, place=None):
+        result = retrieve(trajectories, goal, place)
         timings.append(result.total_ms)
         coarse.append(result.coarse_ms)
         fine.append(result.fine_ms)

@@ -45,7 +45,8 @@ class ScoringConfig:
 class ScoringPlanner(RetrievalTimings):
     """Picks the candidate with the best experience-weighted score (see the module docstring).
 
-    ``retriever``: anything with ``retrieve(trajectories, goal) -> DecisionRetrieval``. After each
+    ``retriever``: anything with ``retrieve(trajectories, goal) -> DecisionRetrieval`` (and a
+    ``place`` third argument when its ``uses_place`` is true). After each
     ``choose``, ``last_retrieval`` and ``last_scores`` hold what the decision was based on.
     """
 
@@ -70,7 +71,10 @@ class ScoringPlanner(RetrievalTimings):
         return bool(getattr(self.retriever, "uses_place", False))
 
     def choose(self, ctx: PlannerContext) -> int:
-        retrieval = self.retriever.retrieve([c.trajectory for c in ctx.candidates], ctx.goal, ctx.place)
+        trajectories = [c.trajectory for c in ctx.candidates]
+        # The map only goes to a retriever that asked for it (``uses_place``).
+        retrieval = (self.retriever.retrieve(trajectories, ctx.goal, ctx.place) if ctx.place is not None
+                     else self.retriever.retrieve(trajectories, ctx.goal))
         if self.cfg.keep_goal_points:
             retrieval = with_kept_points(retrieval, self.goal_points)
             if retrieval.goal_points is not None:
