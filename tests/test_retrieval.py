@@ -41,6 +41,15 @@ def _stored(store, k=0):
     return tid, trajs[tid]
 
 
+def _stored_success(store):
+    """The longest stored trajectory that found its goal (projected goals come only from those)."""
+    from trajrag.memory.store import CHUNKS, MemoryStore
+
+    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["trajectory_id", "success"]).to_pylist()
+    succeeded = {r["trajectory_id"] for r in rows if r["success"]}
+    return next(traj for tid, traj in (_stored(store, k) for k in range(len(rows))) if tid in succeeded)
+
+
 # -- retriever ------------------------------------------------------------------------------------
 def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memory):
     store, model_dir = nav_memory
@@ -59,13 +68,9 @@ def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memor
 
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
     from trajrag.bench.store import perturb
-    from trajrag.memory.store import CHUNKS, MemoryStore
 
     store, model_dir = nav_memory
-    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["trajectory_id", "success"]).to_pylist()
-    succeeded = {r["trajectory_id"] for r in rows if r["success"]}
-    tid, traj = next((tid, traj) for tid, traj in (_stored(store, k) for k in range(len(rows)))
-                     if tid in succeeded)
+    traj = _stored_success(store)
     # The agent's map frame is not the one the walk was stored in.
     moved, _, _ = perturb(traj, np.random.default_rng(4), theta=np.radians(75.0))
     result = _retriever(store, model_dir, "retrieval.project_goal=true").retrieve([moved], traj.goal)
@@ -77,14 +82,10 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
 
 def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
     from trajrag.bench.store import perturb
-    from trajrag.memory.store import CHUNKS, MemoryStore
     from trajrag.topo.candidates import MapPlace
 
     store, model_dir = nav_memory
-    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["trajectory_id", "success"]).to_pylist()
-    succeeded = {r["trajectory_id"] for r in rows if r["success"]}
-    tid, traj = next((tid, traj) for tid, traj in (_stored(store, k) for k in range(len(rows)))
-                     if tid in succeeded)
+    traj = _stored_success(store)
     moved, _, _ = perturb(traj, np.random.default_rng(5), theta=np.radians(-40.0))
     # Two walked nodes: under the matcher's minimum of inliers, so the candidate alone is not
     # recognised; the map the agent has seen holds the whole place.

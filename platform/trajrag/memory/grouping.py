@@ -205,6 +205,13 @@ class _Prepared:
     walk_nodes: np.ndarray
 
 
+def _to_store_labels(sectors: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Sector labels with category ids (>= 0) mapped through ``lut`` to store label ids; the
+    special labels (negative) unchanged. int16, the shape of ``sectors``."""
+    mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
+    return mapped.astype(np.int16)
+
+
 def _attr(obj: Any, names: Iterable[str], default: Any = None) -> Any:
     for name in names:
         value = getattr(obj, name, None)
@@ -380,8 +387,7 @@ class TrajectoryMemory:
             lut = self._label_lut(categories)
         except ValueError as exc:
             return str(exc)
-        mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
-        mapped = mapped.astype(np.int16)
+        mapped = _to_store_labels(sectors, lut)
         success = bool(_attr(traj, ("success",), False))
         if description is None:
             # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
@@ -422,8 +428,7 @@ class TrajectoryMemory:
         if not np.isfinite(pxy).all() or sectors.shape != (len(pxy), N_SECTORS) \
                 or ((sectors < UNKNOWN) | (sectors >= len(lut))).any():
             return "its map place has non-finite positions or invalid sector labels"
-        mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
-        return _Nodes(pxy, mapped.astype(np.int16), np.asarray(place.edges, dtype=np.int64).reshape(-1, 2), ref), ids
+        return _Nodes(pxy, _to_store_labels(sectors, lut), np.asarray(place.edges, dtype=np.int64).reshape(-1, 2), ref), ids
 
     # -- matching ------------------------------------------------------------------------------
 

@@ -298,10 +298,8 @@ class Retriever:
         group is one place, and most places were walked towards a few goals only)."""
         votes = self._node_votes(q.sectors)
         voted = rank_votes(votes, self.cfg.prefilter_groups)
-        rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
         scored, accepted = [], []
-        for rank, gid in enumerate(voted):
-            result = match(q, self.memory.summaries[gid], self.memory.params, rng)
+        for rank, (gid, result) in enumerate(self._match_groups(q, voted)):
             scored.append((-float(result.score), -result.n_inliers, rank, gid))
             if result.accepted:
                 accepted.append((float(result.score), gid, result.transform))
@@ -327,13 +325,14 @@ class Retriever:
         if not holding:
             return []
         votes = [{g: w for g, w in v.items() if g in holding} for v in self._node_votes(q.sectors)]
+        return [(float(r.score), gid, r.transform)
+                for gid, r in self._match_groups(q, rank_votes(votes, self.cfg.place_groups)) if r.accepted]
+
+    def _match_groups(self, q: _Query, groups: Sequence[int]) -> list[tuple[int, Any]]:
+        """``(group, MatchResult)`` of ``q`` against each group's summary, in order; RANSAC
+        seeded by the query, so a decision is reproducible."""
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
-        found = []
-        for gid in rank_votes(votes, self.cfg.place_groups):
-            result = match(q, self.memory.summaries[gid], self.memory.params, rng)
-            if result.accepted:
-                found.append((float(result.score), gid, result.transform))
-        return found
+        return [(gid, match(q, self.memory.summaries[gid], self.memory.params, rng)) for gid in groups]
 
     def _group_rows(self, group: int, goal: str | None) -> np.ndarray:
         """Rows of a group's chunks (towards ``goal`` only, when given)."""
