@@ -106,6 +106,18 @@ def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_pa
     assert "already holds" in capsys.readouterr().err
 
 
+def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evidence(nav_memory, tmp_path, capsys):
+    store, _ = nav_memory
+    # Collected chunks keep the maps they were walked in, so a map replay groups by maps.
+    assert MemoryStore(store, read_only=True).keeps_maps
+    assert main(["corpus", "regroup", "--store", store, "--out", str(tmp_path / "maps"), "--json",
+                 "--set", "memory.summary_geometry=map"]) == 0
+    assert "before chunks kept their maps" not in capsys.readouterr().err
+    # 15 walks in 3 homes give too few false matches to learn from: one clear line, exit 2.
+    assert main(["corpus", "fit-verifier", "--store", store, "--json"]) == 2
+    assert "too few to fit" in capsys.readouterr().err
+
+
 def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     picture = tmp_path / "group.png"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,11 +11,15 @@ import pytest
 from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.matching import (
+    EVIDENCE,
     IVFParams,
     NodeIndex,
+    Transform2D,
+    VerifierConfig,
     mutual_knn,
     match,
     node_descriptors,
+    pose_evidence,
     ransac_se2,
     rotate_sectors,
     sector_similarity,
@@ -101,6 +106,34 @@ def test_heading_check_rejects_geometry_that_contradicts_the_sectors(params):
     moved, _, _ = perturb(traj, rng, theta=math.radians(90), shift_sectors=False)
     moved.reference_yaw = traj.reference_yaw
     assert match(moved, traj, params, np.random.default_rng(0)).accepted is False
+
+
+def test_pose_evidence_sees_a_place_seen_twice_and_not_a_wrong_pose(params):
+    rng = np.random.default_rng(5)
+    scene = synthetic_scene(rng, "home")
+    traj = synthetic_trajectory(scene, rng, "ep", length=(15, 25), label_noise=0.0, unknown_rate=0.0)
+    moved, _, _ = perturb(traj, rng, theta=math.radians(60))
+    result = match(moved, traj, params, np.random.default_rng(0))
+    right = pose_evidence(moved, traj, result, params.min_node_similarity, params.ransac_threshold_m)
+    assert set(right) == set(EVIDENCE)
+    n = len(traj)
+    # At the true pose every node lands on itself, looks alike and sees the same objects.
+    assert right["overlap"] == right["agreeing"] == n and right["category_conflict"] == 0
+    assert right["summary_covered"] == n and right["edges_agree"] == right["edges_landed"] == n - 1
+    # Half a metre and 30 degrees off, fewer nodes land and fewer of those look alike.
+    T = result.transform
+    off = pose_evidence(moved, traj, replace(result, transform=Transform2D(T.theta + math.radians(30), T.tx + 0.5, T.ty)),
+                        params.min_node_similarity, params.ransac_threshold_m)
+    assert off["agreeing"] < right["agreeing"] / 2
+
+
+def test_verifier_weighs_log_evidence_and_names_unknown_evidence():
+    verifier = VerifierConfig(enabled=True, min_inliers=3, threshold=0.0, bias=-1.0,
+                              weights={"agreeing": 2.0, "category_conflict": -1.0})
+    evidence = dict.fromkeys(EVIDENCE, 0.0) | {"agreeing": math.e - 1, "category_conflict": 0.0}
+    assert verifier.logit(evidence) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="unknown evidence.*agreed"):
+        VerifierConfig(enabled=True, min_inliers=3, threshold=0.0, bias=0.0, weights={"agreed": 1.0})
 
 
 def test_trajectories_of_different_homes_do_not_match(params):

@@ -10,14 +10,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory import grouping
 from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
+from trajrag.memory.matching import EVIDENCE
 from trajrag.memory.stats import completeness_ceiling, corpus_stats
-from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError
+from trajrag.memory.regroup import regroup
+from trajrag.memory.store import (
+    CHUNKS, DECISIONS, MAP_COLUMNS, SUMMARIES, MemoryStore, StoreError, chunk_schema)
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
@@ -394,6 +398,68 @@ def test_map_summaries_group_walks_that_saw_the_same_place_without_sharing_a_ste
     assert by_map.n_chunks == 2
     with pytest.raises(ValueError, match="summary_geometry"):
         _memory(tmp_path / "typo", cfg, summary_geometry="maps")
+    # The chunks keep their maps, so a replay groups by maps as the build did.
+    assert rows[trajectory_key(b)]["map_xy"] is not None and by_map.store.keeps_maps
+    regroup(by_map.store.uri, str(tmp_path / "replayed"), replace(cfg, summary_geometry="map"))
+    replayed = TrajectoryMemory(str(tmp_path / "replayed"), cfg)
+    assert replayed.n_groups == 1 and replayed.n_chunks == 2
+
+
+def test_a_store_made_before_chunks_kept_maps_still_opens_and_grows(tmp_path, cfg, homes, caplog):
+    import lancedb
+
+    # The chunks table as stores were made before the map columns existed.
+    old_schema = chunk_schema(cfg.embedding_dim)
+    old_schema = pa.schema([f for f in old_schema if f.name not in MAP_COLUMNS], metadata=old_schema.metadata)
+    lancedb.connect(str(tmp_path / "memory")).create_table(CHUNKS, schema=old_schema)
+    memory = _memory(tmp_path, cfg)
+    assert not memory.store.keeps_maps
+    memory.insert_many(_trajs(homes, 3, 17, "old"))
+    assert _memory(tmp_path, cfg).n_chunks == 3
+    with caplog.at_level("WARNING"):
+        assert regroup(memory.store.uri, str(tmp_path / "re"), replace(cfg, summary_geometry="map")) == 3
+    assert "before chunks kept their maps" in caplog.text
+
+
+def test_the_verifier_decides_inserts_when_it_is_on(tmp_path, cfg, homes):
+    traj = _trajs(homes, 1, 31, "v", length=(15, 20))[0]
+    moved = perturb(traj, np.random.default_rng(1), episode_id="moved")[0]
+    never = replace(cfg.verifier, enabled=True, bias=-100.0, weights={})
+    memory = _memory(tmp_path / "never", cfg, verifier=never)
+    seen = []
+    memory.on_match = lambda prep, gid, result: seen.append((prep.trajectory_id, gid, result.n_inliers))
+    assert [d.action for d in memory.insert_many([traj, moved])] == ["new", "new"]
+    assert seen and seen[0][0] == trajectory_key(moved) and seen[0][2] >= cfg.verifier.min_inliers
+    always = replace(never, bias=100.0)
+    first, second = _memory(tmp_path / "always", cfg, verifier=always).insert_many([traj, moved])
+    assert second.action == "redundant" and second.group_id == first.group_id  # the same place
+
+
+def test_a_fitted_verifier_accepts_more_true_matches_than_the_thresholds(tmp_path, cfg, homes):
+    from trajrag.memory.verifier import collect, fit
+
+    # Short, noisy walks: the thresholds accept few of their true matches.
+    cfg = replace(cfg, candidates=12, verifier=replace(cfg.verifier, min_inliers=2))
+    memory = _memory(tmp_path, cfg)
+    memory.insert_many(_trajs(homes, 200, 33, "fit", length=(4, 12), label_noise=0.2, unknown_rate=0.2))
+    report = fit(collect(memory.store.uri, cfg), cfg)
+    assert report["examples"] > report["true_home"] > 0 and set(report["weights"]) == set(EVIDENCE)
+    # Cross-validated, at as many false accepts as the thresholds made, it accepts more true ones.
+    same_false = report["verifier_at_replay_false_accepts"]
+    assert same_false["false_accepts"] == report["replay"]["false_accepts"]
+    assert same_false["true_accepts"] >= report["replay"]["true_accepts"] + 10
+    assert report["auc"] >= 0.75
+    # Its overrides switch it on; a regroup with it merges more and stays pure.
+    fitted = load("memory", report["overrides"] + [f"memory.verifier.threshold={same_false['threshold']}",
+                                                    "memory.candidates=12", "memory.verifier.min_inliers=2"])
+    assert fitted.verifier.enabled and fitted.verifier.weights == report["weights"]
+    regroup(memory.store.uri, str(tmp_path / "verified"), fitted)
+    before, after = corpus_stats(memory.store), corpus_stats(str(tmp_path / "verified"))
+    assert after["completeness"] > before["completeness"] and after["purity"] >= 0.95
+    with pytest.raises(ValueError, match="scene_hint"):
+        blind = _memory(tmp_path / "blind", cfg)
+        blind.insert_many([replace(t, scene_id="") for t in _trajs(homes, 3, 34, "blind")])
+        collect(blind.store.uri, cfg)
 
 
 def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):

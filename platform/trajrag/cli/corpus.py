@@ -64,6 +64,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_override_arg(regroup)
     regroup.set_defaults(func=regroup_command)
 
+    fit = corpus_sub.add_parser(
+        "fit-verifier", help="learn the match verifier (memory.verifier) from a memory of known homes",
+        description="Replays every chunk of --store (with the maps it was walked in) through the "
+                    "grouping under the current configuration, records the evidence of every "
+                    "candidate match with a pose (memory.matching.pose_evidence) and whether the "
+                    "candidate group is the trajectory's home (scene_hint), and fits a logistic "
+                    "verifier. Prints the weights as --set overrides and the cross-validated true "
+                    "and false accepts next to the thresholds'. Fit on homes the memory you will "
+                    "build does not hold.")
+    fit.add_argument("--store", required=True, help="source LanceDB URI with scene hints (read only)")
+    fit.add_argument("--json", action="store_true", help="print one JSON object")
+    add_override_arg(fit)
+    fit.set_defaults(func=fit_verifier_command)
+
     show = corpus_sub.add_parser(
         "show", help="picture of one group: its summary graph and member trajectories by scene",
         description="Draws a group's summary graph in the group frame with every member "
@@ -167,6 +181,21 @@ def regroup_command(args: argparse.Namespace) -> int:
     summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
                "seconds": round(seconds, 2)}
     print(json.dumps(summary, indent=None if args.json else 2, default=str))
+    return 0
+
+
+def fit_verifier_command(args: argparse.Namespace) -> int:
+    from trajrag import config
+    from trajrag.memory.verifier import collect, fit
+
+    cfg = config.load("memory", args.overrides)
+    start = time.perf_counter()
+    try:
+        report = fit(collect(args.store, cfg, progress=not args.json), cfg)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    report = {"source": args.store, **report, "seconds": round(time.perf_counter() - start, 2)}
+    print(json.dumps(report, indent=None if args.json else 2))
     return 0
 
 

@@ -46,9 +46,9 @@ from __future__ import annotations
 import math
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -60,11 +60,14 @@ from trajrag.memory.matching import (
     MatchResult,
     NodeIndex,
     Transform2D,
+    VerifierConfig,
     implied_shift,
     match,
+    pose_evidence,
     rotate_sectors,
 )
-from trajrag.memory.store import CHUNKS, DECISIONS, Batch, MemoryStore, StoreError, label_categories
+from trajrag.memory.store import (
+    CHUNKS, DECISIONS, MAP_COLUMNS, Batch, MemoryStore, StoreError, label_categories)
 from trajrag.topo.describe import describe
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -100,6 +103,7 @@ class MemoryConfig:
     fuse_groups: bool
     fuse_check: bool
     summary_geometry: str
+    verifier: VerifierConfig
     descriptor_dim: int
     embedding_dim: int
     batch_size: int
@@ -188,7 +192,8 @@ class _Prepared:
 
     geometry: what is matched and fused (the walk's own nodes, or with ``summary_geometry:
     map`` the nodes of the map it was walked in); walk_nodes: int (K,) each walk node's index
-    into ``geometry``."""
+    into ``geometry``. place / place_walk_nodes: the map it was walked in and its walk's nodes
+    in it, whatever the geometry (stored with the chunk), or None."""
 
     trajectory_id: str
     node_xy: np.ndarray
@@ -203,6 +208,8 @@ class _Prepared:
     description: str
     geometry: _Nodes
     walk_nodes: np.ndarray
+    place: _Nodes | None = None
+    place_walk_nodes: np.ndarray | None = None
 
 
 def _to_store_labels(sectors: np.ndarray, lut: np.ndarray) -> np.ndarray:
@@ -271,7 +278,14 @@ class TrajectoryMemory:
         self.store = store
         self.cfg = cfg
         self.params = cfg.match_params()
+        # With the verifier on, or an ``on_match`` observer, inserts match down to the
+        # verifier's inlier floor; whether a match is accepted is the verifier's call when it
+        # is on, else the thresholds'.
+        self._floor_params = replace(self.params, min_inliers=min(cfg.min_inliers, cfg.verifier.min_inliers))
         self._commits = 0
+        # Called with (prepared trajectory, group id, match) for every candidate an insert
+        # matches, before it decides (``memory.verifier`` collects its training evidence so).
+        self.on_match: Callable[[_Prepared, int, MatchResult], None] | None = None
         self._reset_pending()
         self.reload()
 
@@ -334,6 +348,10 @@ class TrajectoryMemory:
     def n_chunks(self) -> int:
         return len(self._chunk_ids)
 
+    def group_members(self, group_id: int) -> list[str]:
+        """Trajectory ids of the chunks in a group now (fused groups' chunks included)."""
+        return [m.trajectory_id for members in self._members.get(group_id, {}).values() for m in members]
+
     def known(self, trajectory_id: str) -> bool:
         """Stored as a chunk, or dropped as redundant (both make a re-insert a no-op)."""
         return trajectory_id in self._chunk_ids or trajectory_id in self._redundant_ids
@@ -393,20 +411,21 @@ class TrajectoryMemory:
             # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
             description = _attr(traj, ("description",)) or describe(TopoPolarTrajectory(
                 xy, sectors, categories, goal, ref, success=success))
+        place = self._map_geometry(traj, xy, lut, ref)
+        if isinstance(place, str):
+            return place
+        place_nodes, place_walk_nodes = place if place is not None else (None, None)
         geometry, walk_nodes = _Nodes(xy, mapped, edges, ref), np.arange(len(xy))
-        if self.cfg.summary_geometry == GEOMETRY_MAP:
-            place = self._map_geometry(traj, xy, lut, ref)
-            if isinstance(place, str):
-                return place
-            if place is not None:
-                geometry, walk_nodes = place
+        if self.cfg.summary_geometry == GEOMETRY_MAP and place is not None:
+            geometry, walk_nodes = place
         return _Prepared(
             trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
             reference_yaw=ref,
             scene_hint=str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), "")),
             episode_id=str(_attr(traj, ("episode_id",), "")),
             policy=str(policy if policy is not None else _attr(traj, ("policy",), "")),
-            success=success, description=str(description), geometry=geometry, walk_nodes=walk_nodes)
+            success=success, description=str(description), geometry=geometry, walk_nodes=walk_nodes,
+            place=place_nodes, place_walk_nodes=place_walk_nodes)
 
     @staticmethod
     def _map_geometry(traj: Any, xy: np.ndarray, lut: np.ndarray,
@@ -441,11 +460,29 @@ class TrajectoryMemory:
         return np.random.default_rng([self.cfg.seed, zlib.crc32(tid.encode())])
 
     def match_group(self, prep: _Prepared, group_id: int) -> MatchResult:
-        return match(prep.geometry, self.summaries[group_id], self.params, self._rng(prep.trajectory_id))
+        """Match ``prep`` against one group; with ``memory.verifier`` on, the verifier accepts."""
+        summary = self.summaries[group_id]
+        verifier = self.cfg.verifier
+        if not verifier.enabled and self.on_match is None:
+            return match(prep.geometry, summary, self.params, self._rng(prep.trajectory_id))
+        result = match(prep.geometry, summary, self._floor_params, self._rng(prep.trajectory_id))
+        if not verifier.enabled:
+            return replace(result, accepted=result.accepted and result.n_inliers >= self.cfg.min_inliers)
+        verified = (result.transform is not None and result.n_inliers >= verifier.min_inliers
+                    and verifier.logit(self.pose_evidence(prep, summary, result)) >= verifier.threshold)
+        return replace(result, accepted=verified)
+
+    def pose_evidence(self, prep: _Prepared, summary: Summary, result: MatchResult) -> dict[str, float]:
+        """``matching.pose_evidence`` of a match of ``prep`` to ``summary``."""
+        return pose_evidence(prep.geometry, summary, result, self.cfg.min_node_similarity,
+                             self.cfg.ransac_threshold_m)
 
     def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
         """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
         found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.geometry.sectors)]
+        if self.on_match is not None:
+            for gid, result in found:
+                self.on_match(prep, gid, result)
         found = [(gid, r) for gid, r in found if r.accepted]
         return sorted(found, key=lambda gr: (-gr[1].score, -gr[1].n_inliers, gr[0]))
 
@@ -492,7 +529,19 @@ class TrajectoryMemory:
             "group_transform": np.asarray(T.as_list(), dtype=np.float32),
             "reference_yaw": prep.reference_yaw, "description": prep.description,
             "embedding": None, "encoder_version": None, "episode_id": prep.episode_id,
-            "policy": prep.policy, "success": prep.success, "created_at": _now()}
+            "policy": prep.policy, "success": prep.success, "created_at": _now(),
+            **self._map_columns(prep)}
+
+    @staticmethod
+    def _map_columns(prep: _Prepared) -> dict:
+        """The chunk's ``map_*`` columns (``memory.store``): its map, or nulls."""
+        place = prep.place
+        if place is None:
+            return dict.fromkeys(MAP_COLUMNS)
+        return {"map_xy": place.node_xy.astype(np.float32).ravel(),
+                "map_sectors": place.sectors.astype(np.int8).ravel(),
+                "map_edges": place.edges.astype(np.int32).ravel(),
+                "map_walk_nodes": prep.place_walk_nodes.astype(np.int32)}
 
     def _new_group(self, prep: _Prepared) -> Decision:
         gid = self._next_group

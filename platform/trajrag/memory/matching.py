@@ -387,6 +387,83 @@ def edge_support(inlier_pairs: np.ndarray, traj_edges: Any, summary_edges: Any,
     return support
 
 
+# -- learned verification of a pose --------------------------------------------------------------
+
+# The evidence ``pose_evidence`` measures, in the order the verifier's weights are reported.
+EVIDENCE = ("inliers", "pairs", "score", "edge_support", "nodes", "summary_nodes", "overlap",
+            "agreeing", "category_agree", "category_conflict", "summary_near", "summary_covered",
+            "edges_landed", "edges_agree")
+
+
+@dataclass
+class VerifierConfig:
+    """A logistic verifier of a match's pose (``memory.verifier``; fitted by ``trajrag corpus
+    fit-verifier``). It accepts when ``bias + sum_f weights[f] * log1p(evidence[f]) >=
+    threshold`` and the match has at least ``min_inliers`` consistent pairs; names of
+    ``EVIDENCE`` missing from ``weights`` weigh 0."""
+
+    enabled: bool
+    min_inliers: int
+    threshold: float
+    bias: float
+    weights: dict[str, float]
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.weights) - set(EVIDENCE))
+        if unknown:
+            raise ValueError(f"memory.verifier.weights: unknown evidence {unknown}; known: {list(EVIDENCE)}")
+
+    def logit(self, evidence: dict[str, float]) -> float:
+        return self.bias + sum(w * math.log1p(evidence[name]) for name, w in self.weights.items())
+
+
+def pose_evidence(traj: SectorNodes, summary: SectorNodes, result: MatchResult,
+                  min_similarity: float, radius_m: float) -> dict[str, float]:
+    """What supports a match's pose beyond its inlier pairs (all counts >= 0).
+
+    The rule-based acceptance sees only the mutual-KNN pairs; with the pose fixed, every
+    trajectory node can be checked against the summary node it lands on (the nearest within
+    ``radius_m``): ``overlap`` nodes land on one, ``agreeing`` of those look alike at the
+    implied sector shift (similarity >= ``min_similarity``), and over their sectors
+    ``category_agree`` / ``category_conflict`` count object labels that are the same / another
+    object. A true pose of a place seen twice lands many alike nodes; a chance alignment of two
+    look-alike homes lands nodes whose objects differ."""
+    T = result.transform
+    xy, sxy = np.asarray(traj.node_xy, dtype=np.float64), np.asarray(summary.node_xy, dtype=np.float64)
+    evidence = {"inliers": result.n_inliers, "pairs": len(result.pairs), "score": result.score,
+                "edge_support": result.edge_support, "nodes": len(xy), "summary_nodes": len(sxy),
+                "overlap": 0, "agreeing": 0, "category_agree": 0, "category_conflict": 0,
+                "summary_near": 0, "summary_covered": 0, "edges_landed": 0, "edges_agree": 0}
+    if T is None or len(xy) == 0 or len(sxy) == 0:
+        return evidence
+    d = np.linalg.norm(T.apply(xy)[:, None, :] - sxy[None, :, :], axis=2)
+    nearest = d.argmin(axis=1)
+    lands = d[np.arange(len(xy)), nearest] <= radius_m
+    if not lands.any():
+        return evidence
+    a = rotate_sectors(np.asarray(traj.sectors)[lands],
+                       implied_shift(T.theta, float(traj.reference_yaw), float(summary.reference_yaw)))
+    b = np.asarray(summary.sectors)[nearest[lands]]
+    same = (a == b) & (a != UNKNOWN)
+    objects = (a >= 0) & (b >= 0)
+    # From the summary's side: its nodes inside the explored area (near some trajectory node)
+    # and those a trajectory node lands on. A wrong pose leaves the area's summary nodes bare.
+    to_summary = d.min(axis=0)
+    # Trajectory edges whose two ends land, and those landing on one summary node or an edge.
+    landed = np.where(lands, nearest, -1)
+    target = _edge_set(summary.edges)
+    ends = [(landed[u], landed[v]) for u, v in _edge_set(traj.edges) if landed[u] >= 0 and landed[v] >= 0]
+    evidence.update(overlap=int(lands.sum()),
+                    agreeing=int((same.mean(axis=1) >= min_similarity).sum()),
+                    category_agree=int((same & objects).sum()),
+                    category_conflict=int((objects & (a != b)).sum()),
+                    summary_near=int((to_summary <= 2.0 * radius_m).sum()),
+                    summary_covered=int((to_summary <= radius_m).sum()),
+                    edges_landed=len(ends),
+                    edges_agree=sum(u == v or (min(u, v), max(u, v)) in target for u, v in ends))
+    return evidence
+
+
 # -- candidate prefilter ------------------------------------------------------------------------
 
 # Sector labels are int8 in the store: codes from UNKNOWN (-3) to 127 shift to 0..130.

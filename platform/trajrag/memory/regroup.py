@@ -6,10 +6,13 @@ every chunk of a source store, in the order it was first inserted, through a fre
 ``TrajectoryMemory`` with the given configuration, so a threshold study costs seconds per
 thousand chunks instead of a new collection. The source is only read.
 
+Each chunk comes back with the map it was walked in (the chunks' ``map_*`` columns), so a replay
+with ``memory.summary_geometry: map`` groups by maps as the original build did.
+
 What a replay cannot bring back: trajectories the source dropped as redundant or rejected (only
-chunks keep their nodes), the maps the walks were made in (chunks keep the walk; with
-``memory.summary_geometry: map`` a replay groups by walks, and says so), and chunk embeddings
-(they are written by ``trajrag encoder eval``; run it on the new store before retrieving from it).
+chunks keep their nodes), the maps of a store made before chunks kept them (a replay with
+``summary_geometry: map`` then groups by walks, and says so), and chunk embeddings (they are
+written by ``trajrag encoder eval``; run it on the new store before retrieving from it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from tqdm import tqdm
 
 from trajrag.memory.grouping import GEOMETRY_MAP, MemoryConfig, TrajectoryMemory
 from trajrag.memory.matching import N_SECTORS
-from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError, label_categories
+from trajrag.memory.store import (
+    CHUNKS, DECISIONS, MAP_COLUMNS, MemoryStore, StoreError, label_categories)
+from trajrag.topo.candidates import MapPlace
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,7 @@ def insertion_order(source: MemoryStore, chunk_ids: list[str]) -> list[str]:
 
 def _ordered_table(source: MemoryStore) -> pa.Table:
     """The source's chunks table (the columns a replay needs), read once, in insertion order."""
-    table = source.read(CHUNKS, _CHUNK_COLUMNS)
+    table = source.read(CHUNKS, _CHUNK_COLUMNS + (list(MAP_COLUMNS) if source.keeps_maps else []))
     ids = table.column("trajectory_id").to_pylist()
     position = {tid: k for k, tid in enumerate(ids)}
     return table.take([position[tid] for tid in insertion_order(source, ids)])
@@ -61,12 +66,37 @@ def _trajectories(table: pa.Table, categories: tuple[str, ...],
     at a time become Python objects (a 350k-chunk store is ~1 GB in Arrow)."""
     for batch in table.to_batches(max_chunksize=batch_rows):
         for row in batch.to_pylist():
-            yield row, TopoPolarTrajectory(
+            traj = TopoPolarTrajectory(
                 node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
                 sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
                 categories=categories, goal=row["goal"], reference_yaw=row["reference_yaw"],
                 success=bool(row["success"]), episode_id=row["episode_id"] or "",
                 scene_id=row["scene_hint"] or "")
+            if row.get("map_xy") is not None:
+                # Stored in the chunk's frame and the store's label ids, as the walk.
+                traj.place = MapPlace(np.asarray(row["map_xy"], dtype=np.float64),
+                                      np.asarray(row["map_sectors"]).reshape(-1, N_SECTORS),
+                                      row["map_edges"], categories, traj.reference_yaw)
+                traj.node_ids = np.asarray(row["map_walk_nodes"], dtype=np.int64)
+            yield row, traj
+
+
+def replay(source_uri: str, memory: TrajectoryMemory, progress: bool = False) -> int:
+    """Insert the chunks of ``source_uri`` (with their maps) into ``memory`` in the order they
+    were first inserted there; returns the number replayed."""
+    source = MemoryStore(source_uri, read_only=True)
+    if memory.cfg.summary_geometry == GEOMETRY_MAP and not source.keeps_maps:
+        log.warning("regroup: %s was made before chunks kept their maps; "
+                    "memory.summary_geometry=map groups these chunks by their walks", source_uri)
+    table = _ordered_table(source)
+    rows = _trajectories(table, label_categories(source.vocabulary()))
+    bar = tqdm(rows, total=table.num_rows, desc="regroup", unit="chunk", disable=not progress,
+               file=sys.stderr)
+    for k, (row, traj) in enumerate(bar, start=1):
+        memory.insert(traj, trajectory_id=row["trajectory_id"], description=row["description"],
+                      policy=row["policy"], commit=k % memory.cfg.batch_size == 0)
+    memory.flush()
+    return table.num_rows
 
 
 def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
@@ -76,20 +106,8 @@ def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
     Returns the number of chunks replayed (the target's decisions table says what became of
     each). Refuses a target that already holds chunks: the replay would mix two groupings.
     """
-    if cfg.summary_geometry == GEOMETRY_MAP:
-        log.warning("regroup: the store keeps walks, not the maps they were made in; "
-                    "memory.summary_geometry=map groups these chunks by their walks")
-    source = MemoryStore(source_uri, read_only=True)
     target = TrajectoryMemory(target_uri, cfg)
     if target.n_chunks:
         raise StoreError(f"regroup target {target_uri} already holds {target.n_chunks} chunks; "
                          "give a new path")
-    table = _ordered_table(source)
-    rows = _trajectories(table, label_categories(source.vocabulary()))
-    bar = tqdm(rows, total=table.num_rows, desc="regroup", unit="chunk", disable=not progress,
-               file=sys.stderr)
-    for k, (row, traj) in enumerate(bar, start=1):
-        target.insert(traj, trajectory_id=row["trajectory_id"], description=row["description"],
-                      policy=row["policy"], commit=k % cfg.batch_size == 0)
-    target.flush()
-    return table.num_rows
+    return replay(source_uri, target, progress)

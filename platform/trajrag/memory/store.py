@@ -11,7 +11,11 @@ Tables:
   float32 metres) with ``group_transform`` (theta, tx, ty) into the frame of the group it joined
   (``group_id``) and ``summary_nodes``, the summary node each trajectory node was fused into.
   ``sectors`` is flattened (K * 12) int8 in the store's label vocabulary, ``description`` the
-  paper's L(T_tp). ``embedding`` stays null until the trajectory encoder exists.
+  paper's L(T_tp). ``embedding`` stays null until the trajectory encoder exists. The ``map_*``
+  columns keep the map the walk was made in (``topo.candidates.MapPlace``: every node of the
+  episode's topo graph, in the same frame and label ids, and ``map_walk_nodes``, the map node of
+  each walked node), null for a chunk inserted without one; ``corpus regroup`` replays them.
+  Stores made before these columns existed open as they are and keep no maps.
 * ``summaries``: the topo-polar summary of each group, in the group frame: fused node positions,
   per-node descriptors (the sector vectors, from which the prefilter's rotation-invariant node
   descriptors are derived, and node embeddings, null until the node encoder exists), edges,
@@ -81,6 +85,16 @@ class StoreError(RuntimeError):
     """The store cannot be opened, read or written; the message names the URI, table and version."""
 
 
+# The map each chunk was walked in (see the module docstring); optional in older stores.
+MAP_FIELDS = (
+    pa.field("map_xy", pa.list_(pa.float32()), nullable=True),
+    pa.field("map_sectors", pa.list_(pa.int8()), nullable=True),
+    pa.field("map_edges", pa.list_(pa.int32()), nullable=True),
+    pa.field("map_walk_nodes", pa.list_(pa.int32()), nullable=True),
+)
+MAP_COLUMNS = tuple(f.name for f in MAP_FIELDS)
+
+
 def chunk_schema(embedding_dim: int) -> pa.Schema:
     """Schema of the chunks table; ``embedding_dim`` fixes the (nullable) embedding vector size."""
     return pa.schema(
@@ -103,6 +117,7 @@ def chunk_schema(embedding_dim: int) -> pa.Schema:
             pa.field("policy", pa.string()),
             pa.field("success", pa.bool_()),
             pa.field("created_at", TIMESTAMP),
+            *MAP_FIELDS,
         ],
         metadata={b"trajrag.embedding_dim": str(embedding_dim).encode()},
     )
@@ -264,9 +279,12 @@ class MemoryStore:
     def _check_schemas(self) -> None:
         expected = {CHUNKS: chunk_schema(self.embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
                     DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
+        self.keeps_maps = all(c in self._tables[CHUNKS].schema.names for c in MAP_COLUMNS)
         for name, schema in expected.items():
             have = self._tables[name].schema
             for fld in schema:
+                if name == CHUNKS and fld.name in MAP_COLUMNS and not self.keeps_maps:
+                    continue  # a store made before chunks kept their maps
                 if fld.name not in have.names or not have.field(fld.name).type.equals(fld.type):
                     got = have.field(fld.name).type if fld.name in have.names else "missing"
                     raise StoreError(f"memory store {self.uri}: table {name!r} column {fld.name!r} "
@@ -417,7 +435,10 @@ class MemoryStore:
             decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
             writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions), 1)
         if batch.chunks or batch.delete_chunk_ids:
-            chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim))
+            schema = chunk_schema(self.embedding_dim)
+            if not self.keeps_maps:
+                schema = pa.schema([f for f in schema if f.name not in MAP_COLUMNS], metadata=schema.metadata)
+            chunks = pa.Table.from_pylist(batch.chunks, schema=schema)
             dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
 
             def write_chunks() -> None:
