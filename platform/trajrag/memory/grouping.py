@@ -33,7 +33,12 @@ incrementally constructed":
 With ``summary_geometry: map`` (ours), steps 1-5 run on the map each trajectory was walked in
 (``traj.place``, every node of the episode's topo graph, which collectors attach) instead of on
 its walked nodes: two walks through one home then match where they saw the same rooms, not only
-where they stepped; the chunk stays the walk, its summary nodes index the fused map.
+where they stepped; the chunk stays the walk, its summary nodes index the fused map. The chunk
+row keeps the map either way (its ``map_*`` columns), so a replay can group by maps.
+
+With ``verifier.enabled`` (ours), step 2 accepts a candidate by a learned logistic score of the
+evidence at its pose (``matching.pose_evidence``; fitted by ``memory.verifier``) instead of by
+the inlier thresholds.
 
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes

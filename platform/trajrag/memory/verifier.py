@@ -49,8 +49,9 @@ class Examples:
 
 
 def collect(source_uri: str, cfg: MemoryConfig, progress: bool = False) -> Examples:
-    """Replay ``source_uri`` under ``cfg`` (verifier off: the thresholds decide the replay) and
-    gather one example per candidate match with a pose and enough consistent pairs."""
+    """Replay ``source_uri`` under ``cfg`` (its settings decide the replay: the thresholds, or
+    a verifier already on) and gather one example per candidate match with a pose and at least
+    ``cfg.verifier.min_inliers`` consistent pairs."""
     scenes = MemoryStore(source_uri, read_only=True).read(CHUNKS, ["trajectory_id", "scene_hint"])
     scene_of = dict(zip(*(scenes.column(c).to_pylist() for c in ("trajectory_id", "scene_hint"))))
     if not any(scene_of.values()):
@@ -60,9 +61,7 @@ def collect(source_uri: str, cfg: MemoryConfig, progress: bool = False) -> Examp
     labels: list[bool] = []
     accepted: list[bool] = []
     with tempfile.TemporaryDirectory(prefix="trajrag-verifier-") as scratch:
-        # Matches down to the verifier's floor reach ``observe``; the settings given decide
-        # the replay (the thresholds, or a verifier fitted before: a second round then learns
-        # from the groups that verifier makes).
+        # With an observer, matches down to the verifier's floor reach it (grouping).
         memory = TrajectoryMemory(scratch, cfg)
 
         def observe(prep, gid: int, result: MatchResult) -> None:
