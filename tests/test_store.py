@@ -400,6 +400,16 @@ def test_map_summaries_group_walks_that_saw_the_same_place_without_sharing_a_ste
         _memory(tmp_path / "typo", cfg, summary_geometry="maps")
     # The chunks keep their maps, so a replay groups by maps as the build did.
     assert rows[trajectory_key(b)]["map_xy"] is not None and by_map.store.keeps_maps
+    # The perfect-matcher ceiling (chunks in their home's frame): the walks share no place, the
+    # maps share every one.
+    in_home = _memory(tmp_path / "ceiling", cfg)
+    for lo, hi, name in ((0, 8, "c1"), (len(long) - 8, len(long), "c2")):
+        walk = replace(long, node_xy=long.node_xy[lo:hi], sectors=long.sectors[lo:hi], episode_id=name,
+                       node_visit_steps=long.node_visit_steps[lo:hi], node_ids=np.arange(lo, hi))
+        walk.place = MapPlace(long.node_xy, long.sectors, long.edges, long.categories, long.reference_yaw)
+        in_home.insert(walk)
+    stats = corpus_stats(in_home.store, ceiling=(cfg.min_inliers, cfg.merge_radius_m))
+    assert stats["completeness_ceiling"] == 0.5 and stats["completeness_ceiling_maps"] == 1.0
     regroup(by_map.store.uri, str(tmp_path / "replayed"), replace(cfg, summary_geometry="map"))
     replayed = TrajectoryMemory(str(tmp_path / "replayed"), cfg)
     assert replayed.n_groups == 1 and replayed.n_chunks == 2

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--ceiling", action="store_true",
                        help="also completeness_ceiling: the completeness a perfect matcher would reach "
-                            "with memory.min_inliers shared places (slow on big stores)")
+                            "with memory.min_inliers shared places, over the walks and (completeness_"
+                            "ceiling_maps) over the maps they were walked in (slow on big stores)")
     add_override_arg(stats)
     stats.set_defaults(func=stats_command)
 

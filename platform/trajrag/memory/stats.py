@@ -101,7 +101,8 @@ def corpus_stats(store: MemoryStore | str, ceiling: tuple[int, float] | None = N
     """One JSON-able dict: chunks, groups, actions (decision counts), purity, completeness,
     scenes, bytes_per_chunk (chunks table bytes / rows, embedding null until encoded) and
     summary_bytes_per_chunk (the summaries table's bytes spread over the chunks); with
-    ``ceiling = (min_shared, radius_m)`` also ``completeness_ceiling`` (module doc)."""
+    ``ceiling = (min_shared, radius_m)`` also ``completeness_ceiling`` (module doc), and for a
+    store whose chunks keep their maps ``completeness_ceiling_maps`` (the same over the maps)."""
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=True)
     chunks = store.read(CHUNKS, ["group_id", "scene_hint"])
@@ -116,6 +117,13 @@ def corpus_stats(store: MemoryStore | str, ceiling: tuple[int, float] | None = N
         rows = store.read(CHUNKS, ["node_xy"]).column("node_xy").to_pylist()
         bound = completeness_ceiling([np.asarray(r).reshape(-1, 2) for r in rows], scenes, *ceiling)
         extra["completeness_ceiling"] = None if bound is None else round(bound, 4)
+        if store.keeps_maps:
+            # The same with each chunk's map (memory.summary_geometry: map); the walk stands in
+            # for a chunk stored without one.
+            maps = store.read(CHUNKS, ["map_xy"]).column("map_xy").to_pylist()
+            bound = completeness_ceiling([np.asarray(m if m is not None else w).reshape(-1, 2)
+                                          for m, w in zip(maps, rows)], scenes, *ceiling)
+            extra["completeness_ceiling_maps"] = None if bound is None else round(bound, 4)
     return {
         "uri": store.uri,
         "chunks": n,
