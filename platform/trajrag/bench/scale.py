@@ -316,6 +316,8 @@ def chunk_batch(src: Source, groups: Groups, group_of: np.ndarray, first_id: int
     """An Arrow table of member chunks (one per entry of ``group_of``) in the chunks schema."""
     import pyarrow as pa
 
+    from trajrag.memory.store import MAP_COLUMNS
+
     n = len(group_of)
     nodes, theta, shift = perturb_nodes(groups.nodes, group_of, rng, jitter_m=cfg.jitter_m,
                                         labels_changed=cfg.labels_changed,
@@ -350,6 +352,8 @@ def chunk_batch(src: Source, groups: Groups, group_of: np.ndarray, first_id: int
         "policy": pa.array([src.policy[i] for i in source.tolist()], pa.string()),
         "success": pa.array([src.success[i] for i in source.tolist()], pa.bool_()),
         "created_at": pa.array([now] * n, pa.timestamp("ms", tz="UTC")),
+        # Perturbed copies carry no map.
+        **{name: pa.nulls(n, schema.field(name).type) for name in MAP_COLUMNS if name in schema.names},
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
