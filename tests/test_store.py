@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
@@ -21,7 +20,7 @@ from trajrag.memory.matching import EVIDENCE
 from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.regroup import regroup
 from trajrag.memory.store import (
-    CHUNKS, DECISIONS, MAP_COLUMNS, SUMMARIES, MemoryStore, StoreError, chunk_schema)
+    CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError, chunk_schema)
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
@@ -419,9 +418,7 @@ def test_a_store_made_before_chunks_kept_maps_still_opens_and_grows(tmp_path, cf
     import lancedb
 
     # The chunks table as stores were made before the map columns existed.
-    old_schema = chunk_schema(cfg.embedding_dim)
-    old_schema = pa.schema([f for f in old_schema if f.name not in MAP_COLUMNS], metadata=old_schema.metadata)
-    lancedb.connect(str(tmp_path / "memory")).create_table(CHUNKS, schema=old_schema)
+    lancedb.connect(str(tmp_path / "memory")).create_table(CHUNKS, schema=chunk_schema(cfg.embedding_dim, with_maps=False))
     memory = _memory(tmp_path, cfg)
     assert not memory.store.keeps_maps
     memory.insert_many(_trajs(homes, 3, 17, "old"))

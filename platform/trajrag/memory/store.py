@@ -95,8 +95,9 @@ MAP_FIELDS = (
 MAP_COLUMNS = tuple(f.name for f in MAP_FIELDS)
 
 
-def chunk_schema(embedding_dim: int) -> pa.Schema:
-    """Schema of the chunks table; ``embedding_dim`` fixes the (nullable) embedding vector size."""
+def chunk_schema(embedding_dim: int, with_maps: bool = True) -> pa.Schema:
+    """Schema of the chunks table; ``embedding_dim`` fixes the (nullable) embedding vector size;
+    without ``with_maps``, as stores were made before chunks kept their maps."""
     return pa.schema(
         [
             pa.field("trajectory_id", pa.string(), nullable=False),
@@ -117,7 +118,7 @@ def chunk_schema(embedding_dim: int) -> pa.Schema:
             pa.field("policy", pa.string()),
             pa.field("success", pa.bool_()),
             pa.field("created_at", TIMESTAMP),
-            *MAP_FIELDS,
+            *(MAP_FIELDS if with_maps else ()),
         ],
         metadata={b"trajrag.embedding_dim": str(embedding_dim).encode()},
     )
@@ -435,10 +436,7 @@ class MemoryStore:
             decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
             writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions), 1)
         if batch.chunks or batch.delete_chunk_ids:
-            schema = chunk_schema(self.embedding_dim)
-            if not self.keeps_maps:
-                schema = pa.schema([f for f in schema if f.name not in MAP_COLUMNS], metadata=schema.metadata)
-            chunks = pa.Table.from_pylist(batch.chunks, schema=schema)
+            chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim, self.keeps_maps))
             dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
 
             def write_chunks() -> None:
