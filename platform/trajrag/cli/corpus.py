@@ -71,9 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "grouping under the current configuration, records the evidence of every "
                     "candidate match with a pose (memory.matching.pose_evidence) and whether the "
                     "candidate group is the trajectory's home (scene_hint), and fits a logistic "
-                    "verifier. Prints the weights as --set overrides and the cross-validated true "
-                    "and false accepts next to the thresholds'. Fit on homes the memory you will "
-                    "build does not hold.")
+                    "verifier. Prints the weights as --set overrides, the cross-validated AUC, and "
+                    "true and false accepts next to the replay's own (the thresholds', or a "
+                    "verifier already switched on). Fit on homes the memory you will build does "
+                    "not hold.")
     fit.add_argument("--store", required=True, help="source LanceDB URI with scene hints (read only)")
     fit.add_argument("--json", action="store_true", help="print one JSON object")
     add_override_arg(fit)
