@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
