@@ -463,9 +463,9 @@ def test_a_fitted_verifier_accepts_more_true_matches_than_the_thresholds(tmp_pat
     regroup(memory.store.uri, str(tmp_path / "verified"), fitted)
     before, after = corpus_stats(memory.store), corpus_stats(str(tmp_path / "verified"))
     assert after["completeness"] > before["completeness"] and after["purity"] >= 0.95
+    blind = _memory(tmp_path / "blind", cfg)
+    blind.insert_many([replace(t, scene_id="") for t in _trajs(homes, 3, 34, "blind")])
     with pytest.raises(ValueError, match="scene_hint"):
-        blind = _memory(tmp_path / "blind", cfg)
-        blind.insert_many([replace(t, scene_id="") for t in _trajs(homes, 3, 34, "blind")])
         collect(blind.store.uri, cfg)
 
 

@@ -114,15 +114,17 @@ def corpus_stats(store: MemoryStore | str, ceiling: tuple[int, float] | None = N
     n = len(group_ids)
     extra = {}
     if ceiling is not None:
-        rows = store.read(CHUNKS, ["node_xy"]).column("node_xy").to_pylist()
-        bound = completeness_ceiling([np.asarray(r).reshape(-1, 2) for r in rows], scenes, *ceiling)
+        columns = ["node_xy", "map_xy"] if store.keeps_maps else ["node_xy"]
+        table = store.read(CHUNKS, columns)
+        walks = [np.asarray(r).reshape(-1, 2) for r in table.column("node_xy").to_pylist()]
+        bound = completeness_ceiling(walks, scenes, *ceiling)
         extra["completeness_ceiling"] = None if bound is None else round(bound, 4)
         if store.keeps_maps:
             # The same with each chunk's map (memory.summary_geometry: map); the walk stands in
             # for a chunk stored without one.
-            maps = store.read(CHUNKS, ["map_xy"]).column("map_xy").to_pylist()
-            bound = completeness_ceiling([np.asarray(m if m is not None else w).reshape(-1, 2)
-                                          for m, w in zip(maps, rows)], scenes, *ceiling)
+            maps = [w if m is None else np.asarray(m).reshape(-1, 2)
+                    for m, w in zip(table.column("map_xy").to_pylist(), walks)]
+            bound = completeness_ceiling(maps, scenes, *ceiling)
             extra["completeness_ceiling_maps"] = None if bound is None else round(bound, 4)
     return {
         "uri": store.uri,
