@@ -40,6 +40,7 @@ class ScoringConfig:
     hysteresis_m: float
     end_nodes: int
     keep_goal_points: bool
+    w_priors_with_goal_points: float
 
 
 class ScoringPlanner(RetrievalTimings):
@@ -94,8 +95,11 @@ class ScoringPlanner(RetrievalTimings):
             goal_context(end_objects(c.trajectory, cfg.end_nodes), exps, ctx.goal, retrieval.names, cfg.end_nodes)
             for c, exps in zip(ctx.candidates, retrieval.experiences)])
         beyond = goal_beyond(ctx, retrieval.goal_points)
-        scores = (cfg.w_similarity * similarity + cfg.w_context * context
-                  - cfg.w_distance_per_m * (distance + beyond))
+        priors = cfg.w_similarity * similarity + cfg.w_context * context
+        if retrieval.goal_points is not None and len(retrieval.goal_points):
+            # Where the goal was seen before, the way to it outranks what goals tend to be near.
+            priors = cfg.w_priors_with_goal_points * priors
+        scores = priors - cfg.w_distance_per_m * (distance + beyond)
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         if retrieval.goal_points is not None:
             self.last_terms["goal_projection"] = -beyond
