@@ -326,6 +326,7 @@ def test_a_projected_goal_point_can_outrank_the_retrieved_priors():
     assert ScoringPlanner(_Projecting(experiences), trusting).choose(ctx) == 1  # the way to the goal
     assert ScoringPlanner(_FixedRetriever(experiences), trusting).choose(ctx) == 0  # no point: priors
 
+
 def test_scene_graph_relations_count_objects_seen_together():
     graph = SceneGraph([{"toilet", "sink"}, {"sink"}, {"bed", "chair"}, {"toilet", "sink"}], min_support=1)
     assert graph.relation("toilet", "sink") == pytest.approx(2 / 3)
