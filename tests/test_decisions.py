@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from trajrag import config
-from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
+from trajrag.agent.decisions import DecisionAudit, decision_quality
 from trajrag.agent.evaluate import evaluate_agent
 from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.registry import make_agent
 from trajrag.world.datasets import load_episodes, load_scenes
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.sim import GridSimulator
 
 OVERRIDES = ["sim.width=160", "sim.height=120"]
-AUDIT = AuditConfig(search_radius_m=0.3, tolerance_m=0.25)
+AUDIT = config.load("audit")
 
 
 def _decision(chosen, to_frontier, to_goal, scores=None):
@@ -57,8 +58,8 @@ def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_u
     field = scene_goal_field(scene, episode.object_category, config.load("episodes"))
     audit = DecisionAudit(scene, field, AUDIT.search_radius_m)
     on_goal = scene.to_xy(np.argwhere(field.region)[:1])
-    assert audit.frontier_to_goal(on_goal) == 0.0
-    assert audit.frontier_to_goal(np.array([[-100.0, -100.0]])) is None
+    assert audit.to_goal(on_goal) == 0.0
+    assert audit.to_goal(np.array([[-100.0, -100.0]])) is None
 
 
 def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(tmp_path):
@@ -82,3 +83,21 @@ def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_witho
             assert len(d["frontier_to_goal_m"]) == len(d["scores"]) == n and 0 <= d["chosen"] < n
             assert int(np.argmax(d["scores"])) == d["chosen"]  # nearest frontier exposes its scores
             assert any(g is not None for g in d["frontier_to_goal_m"])
+
+
+def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(tmp_path):
+    scenes = load_scenes("procedural:val:1")
+    episodes = load_episodes("generated:2", scenes)
+    sim_cfg = config.load("sim", OVERRIDES)
+    episode_cfg = config.load("episodes")
+    run = lambda name, make: evaluate_agent(  # noqa: E731
+        name, make, GridSimulator(sim_cfg), episodes, scenes, tmp_path, episode_cfg, progress=False, audit=AUDIT)
+    oracle = run("oracle-1", lambda: make_agent("frontier-oracle", sim_cfg, OVERRIDES))
+    assert oracle["decision_best_rate"] == 1.0 and oracle["decision_regret_m"] == 0.0
+    assert oracle["decision_score_rho"] > 0.5  # its score is the (negated) cost to the goal
+    nearest = run("frontier", lambda: make_frontier_agent(sim_cfg, OVERRIDES))
+    never = run("oracle-0", lambda: make_agent("frontier-oracle", sim_cfg, [*OVERRIDES, "audit.oracle_follow_p=0"]))
+    assert never["spl"] == nearest["spl"] and never["planner_calls"] == nearest["planner_calls"]
+    assert oracle["spl"] >= nearest["spl"]
+    with pytest.raises(ValueError, match="oracle_follow_p"):
+        make_agent("frontier-oracle", sim_cfg, [*OVERRIDES, "audit.oracle_follow_p=1.5"])

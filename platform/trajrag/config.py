@@ -45,6 +45,7 @@ SECTIONS: dict[str, str] = {
     "retrieval": "trajrag.retrieval.retriever:RetrievalConfig",
     "scoring": "trajrag.planners.scoring:ScoringConfig",
     "eval": "trajrag.cli.eval:EvalConfig",
+    "audit": "trajrag.agent.decisions:AuditConfig",
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
     "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
     "sweep": "trajrag.distributed.sweep:SweepConfig",

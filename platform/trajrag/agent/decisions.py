@@ -41,12 +41,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class AuditConfig:
-    """``configs/eval.yaml`` ``audit``: search_radius_m (a frontier's distance to the goal is
-    taken from the best traversable cell this close to it) and tolerance_m (a pick this close to
-    the best candidate's cost counts as the best), metres."""
+    """``configs/audit.yaml``: search_radius_m (a frontier's distance to the goal is taken from
+    the best traversable cell this close to it) and tolerance_m (a pick this close to the best
+    candidate's cost counts as the best), metres; oracle_follow_p: the share of decisions in
+    which ``agent/privileged.py``'s frontier oracle follows the privileged ranking."""
 
     search_radius_m: float
     tolerance_m: float
+    oracle_follow_p: float
 
 
 @dataclass
@@ -62,17 +64,34 @@ class AuditedDecision:
     terms: Optional[dict[str, list[float]]] = None
 
 
-class DecisionAudit:
-    """A navigator's ``decision_observer`` for one episode: records every decision.
+class FrontierGoalDistance:
+    """A frontier's true geodesic distance to the goal region (privileged: the simulator's field).
 
-    search_radius_m: a frontier's distance to the goal is the field's minimum over traversable
-    cells within this radius of its cells (frontier cells themselves may hug a wall).
+    search_radius_m: the distance is the field's minimum over traversable cells within this
+    radius of the frontier's cells (frontier cells themselves may hug a wall). The map frame is
+    the scene frame (poses are exact in these evaluations).
     """
 
     def __init__(self, scene: Scene, field: GoalField, search_radius_m: float) -> None:
         self.scene = scene
         size = 2 * max(0, int(round(search_radius_m / scene.cell_size))) + 1
         self.near_goal_m = minimum_filter(field.distance, size=size, mode="constant", cval=np.inf)
+
+    def __call__(self, xy: np.ndarray) -> Optional[float]:
+        """Geodesic metres to the goal region from the best traversable cell near the map-frame
+        points ``xy`` (float (K, 2), metres); ``None`` if none is near."""
+        cells = self.scene.to_cell(np.asarray(xy, dtype=float).reshape(-1, 2))
+        cells = cells[self.scene.in_bounds(cells)]
+        best = float(self.near_goal_m[cells[:, 0], cells[:, 1]].min()) if len(cells) else np.inf
+        return round(best, 3) if np.isfinite(best) else None
+
+
+class DecisionAudit:
+    """A navigator's ``decision_observer`` for one episode: records every decision
+    (``search_radius_m`` as in ``FrontierGoalDistance``)."""
+
+    def __init__(self, scene: Scene, field: GoalField, search_radius_m: float) -> None:
+        self.to_goal = FrontierGoalDistance(scene, field, search_radius_m)
         self.decisions: list[AuditedDecision] = []
 
     def __call__(self, ctx, choice: int, planner) -> None:
@@ -82,17 +101,9 @@ class DecisionAudit:
         self.decisions.append(AuditedDecision(
             step=int(ctx.step), chosen=int(choice),
             to_frontier_m=[round(float(d), 3) for d in candidate_distances(ctx)],
-            frontier_to_goal_m=[self.frontier_to_goal(ctx.sem_map.to_xy(f.cells)) for f in frontiers],
+            frontier_to_goal_m=[self.to_goal(ctx.sem_map.to_xy(f.cells)) for f in frontiers],
             scores=None if scores is None else _rounded(scores),
             terms=None if terms is None else {name: _rounded(values) for name, values in terms.items()}))
-
-    def frontier_to_goal(self, xy: np.ndarray) -> Optional[float]:
-        """Geodesic metres to the goal region from the best traversable cell near the map-frame
-        points ``xy`` (float (K, 2), metres); ``None`` if none is near."""
-        cells = self.scene.to_cell(np.asarray(xy, dtype=float).reshape(-1, 2))
-        cells = cells[self.scene.in_bounds(cells)]
-        best = float(self.near_goal_m[cells[:, 0], cells[:, 1]].min()) if len(cells) else np.inf
-        return round(best, 3) if np.isfinite(best) else None
 
     def records(self) -> list[dict]:
         """The decisions as JSON-able dicts (one episode record's ``decisions``)."""

@@ -78,6 +78,9 @@ class Navigator:
         # Called as observer(ctx, choice, planner) after each planner decision; evaluation hooks
         # the decision audit here (agent/decisions.py).
         self.decision_observer: Optional[Callable[[PlannerContext, int, Planner], None]] = None
+        # Called as observer(episode, scene) at each reset; the privileged frontier oracle reads
+        # the episode's goal field here (agent/privileged.py). Agents never see it.
+        self.episode_observer: Optional[Callable[[ObjectNavEpisode, Scene], None]] = None
 
     # -- episode ------------------------------------------------------------------------------
     def reset(self, episode: ObjectNavEpisode, scene: Scene) -> None:
@@ -85,6 +88,8 @@ class Navigator:
             raise ValueError(f"episode {episode.episode_id}: goal {episode.object_category!r} is not in the "
                              f"agent vocabulary {list(self.builder.vocabulary)} (configs/navigator.yaml)")
         episode_seed = self.seed + _stable_hash(f"{episode.scene_key}/{episode.episode_id}")
+        if self.episode_observer is not None:
+            self.episode_observer(episode, scene)
         self.builder.reset(episode, scene, episode_seed)
         self.planner.reset(episode.object_category, episode_seed)
         self.policy.reset()

@@ -14,6 +14,7 @@ AGENTS: dict[str, str] = {
     "oracle": "trajrag.agent.registry:make_oracle",
     "frontier": "trajrag.agent.navigator:make_frontier_agent",
     "random": "trajrag.agent.navigator:make_random_agent",
+    "frontier-oracle": "trajrag.agent.privileged:make_frontier_oracle_agent",
     "trajrag": "trajrag.planners.scoring:make_trajrag_agent",
     "graphrag": "trajrag.planners.graphrag:make_graphrag_agent",
     "llm": "trajrag.planners.llm:make_llm_agent",

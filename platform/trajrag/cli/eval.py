@@ -14,7 +14,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajrag.agent.decisions import AuditConfig
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
@@ -23,17 +22,15 @@ RETRIEVING_PLANNERS = ("trajrag", "llm", "graphrag")
 
 @dataclass
 class EvalConfig:
-    """``configs/eval.yaml``: the named retrieval variants (override lists) of the paper's tables
-    and the decision audit's settings (``--audit-decisions``)."""
+    """``configs/eval.yaml``: the named retrieval variants (override lists) of the paper's tables."""
 
     variants: dict[str, list[str]]
-    audit: AuditConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "eval",
-        help="evaluate planners (trajrag, llm, graphrag, frontier, random, oracle) on ObjectNav episodes",
+        help="evaluate planners (trajrag, llm, graphrag, frontier, random, oracle, frontier-oracle) on ObjectNav episodes",
         description="Runs each planner (and retrieval variant) on the episodes, writes per-episode JSONL "
         "records (resumable), prints one JSON summary per run (episodes, sr, spl, dtg_m, planner_calls, "
         "fallbacks, retrieval_ms_p50) and writes <out>/results.md and results.csv across every run in <out>. "
@@ -44,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--episodes", required=True, help=EPISODES_HELP)
     parser.add_argument("--planner", required=True,
                         help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, "
-                        "frontier, random, oracle")
+                        "frontier (nearest), random, oracle (shortest walk); frontier-oracle ranks the frontiers with the "
+                        "simulator's distances to the goal (the ceiling of every frontier-ranking planner, "
+                        "configs/audit.yaml)")
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
     parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
@@ -132,6 +131,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     sim = GridSimulator(sim_cfg)
     print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r[0] for r in runs]} -> {out}", file=sys.stderr)
     summaries = _eval_on_ray(args, runs, paths, scenes, episodes, out) if _distributed(args) else {}
+    audit = config.load("audit", args.overrides) if args.audit_decisions else None
     for label, planner, variant_overrides in runs:
         if label in summaries:  # done by the Ray job
             continue
@@ -139,7 +139,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         on_episode = _lifelong(label, planner, overrides, out) if args.lifelong else None
         summary = evaluate_agent(label, lambda: make_agent(planner, sim_cfg, overrides), sim, episodes,
                                  scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode,
-                                 audit=cfg.audit if args.audit_decisions else None)
+                                 audit=audit)
         summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
     table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
