@@ -46,6 +46,7 @@ SECTIONS: dict[str, str] = {
     "scoring": "trajrag.planners.scoring:ScoringConfig",
     "eval": "trajrag.cli.eval:EvalConfig",
     "audit": "trajrag.agent.decisions:AuditConfig",
+    "value": "trajrag.planners.frontier_value:ValueConfig",
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
     "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
     "sweep": "trajrag.distributed.sweep:SweepConfig",

@@ -85,6 +85,11 @@ class FrontierGoalDistance:
         best = float(self.near_goal_m[cells[:, 0], cells[:, 1]].min()) if len(cells) else np.inf
         return round(best, 3) if np.isfinite(best) else None
 
+    def of_candidates(self, ctx) -> np.ndarray:
+        """float (C,): metres from each candidate's frontier to the goal (``inf`` where unknown)."""
+        metres = [self(ctx.sem_map.to_xy(ctx.frontiers[c.frontier_index].cells)) for c in ctx.candidates]
+        return np.array([np.inf if m is None else m for m in metres], dtype=float)
+
 
 class DecisionAudit:
     """A navigator's ``decision_observer`` for one episode: records every decision

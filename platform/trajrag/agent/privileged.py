@@ -58,18 +58,13 @@ class FrontierOraclePlanner:
             raise RuntimeError("the frontier oracle needs see_episode() with the episode first")
         # one draw per decision whatever follow_p is, so runs at different p share their draws
         follow = self._rng.random() < self.audit.oracle_follow_p
-        to_goal = np.array([_or_inf(self.to_goal(ctx.sem_map.to_xy(ctx.frontiers[c.frontier_index].cells)))
-                            for c in ctx.candidates])
+        to_goal = self.to_goal.of_candidates(ctx)
         if not follow or not np.isfinite(to_goal).any():
             choice = self.nearest.choose(ctx)
             self.last_scores = self.nearest.last_scores
             return choice
         self.last_scores = -(candidate_distances(ctx) + to_goal)
         return int(np.argmax(self.last_scores))
-
-
-def _or_inf(metres: float | None) -> float:
-    return np.inf if metres is None else metres
 
 
 def make_frontier_oracle_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:

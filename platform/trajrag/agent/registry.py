@@ -17,6 +17,7 @@ AGENTS: dict[str, str] = {
     "frontier-oracle": "trajrag.agent.privileged:make_frontier_oracle_agent",
     "trajrag": "trajrag.planners.scoring:make_trajrag_agent",
     "graphrag": "trajrag.planners.graphrag:make_graphrag_agent",
+    "value": "trajrag.planners.frontier_value:make_value_agent",
     "llm": "trajrag.planners.llm:make_llm_agent",
 }
 

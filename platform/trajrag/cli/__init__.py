@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "trajrag.cli.bench",
     "trajrag.cli.encoder",
     "trajrag.cli.eval",
+    "trajrag.cli.value",
 )
 
 
@@ -30,9 +31,10 @@ class UserError(Exception):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
     from trajrag.memory.store import StoreError
+    from trajrag.planners.frontier_value import ValueModelError
     from trajrag.world.datasets import DATA_ERRORS
 
-    return (UserError, ConfigError, FileNotFoundError, StoreError, *DATA_ERRORS)
+    return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

@@ -14,8 +14,13 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
   ``retrieval.project_goal``, plus the straight line on from the frontier to where past walks
   through this place found the goal (``goal_beyond``), when the coarse stage recognised the place.
 
-score = w_similarity * similarity + w_context * context - w_distance_per_m * distance. With
-both experience weights at 0 this is the nearest-frontier planner. While goal points are
+* **value** (with ``scoring.value_model``): the frontier value learned from past decisions in
+  the memory's homes (``planners.frontier_value``): what the objects mapped around a frontier,
+  the unknown space behind it and its distance say about the way to this goal.
+
+score = w_similarity * similarity + w_context * context + w_value * value - w_distance_per_m *
+distance. With both experience weights at 0 and no value model this is the nearest-frontier
+planner. While goal points are
 projected, the two experience terms are scaled by ``w_priors_with_goal_points`` (0: the way to
 the remembered goal alone decides).
 """
@@ -29,6 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
+from trajrag.planners.frontier_value import FrontierValueModel, candidate_features, load_value_model
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -43,6 +49,8 @@ class ScoringConfig:
     end_nodes: int
     keep_goal_points: bool
     w_priors_with_goal_points: float
+    value_model: str
+    w_value: float
 
 
 class ScoringPlanner(RetrievalTimings):
@@ -55,10 +63,11 @@ class ScoringPlanner(RetrievalTimings):
 
     name = "trajrag"
 
-    def __init__(self, retriever: Any, cfg: ScoringConfig) -> None:
+    def __init__(self, retriever: Any, cfg: ScoringConfig, value: FrontierValueModel | None = None) -> None:
         super().__init__()
         self.retriever = retriever
         self.cfg = cfg
+        self.value = value
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
         self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
@@ -105,8 +114,14 @@ class ScoringPlanner(RetrievalTimings):
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         if retrieval.goal_points is not None:
             self.last_terms["goal_projection"] = -beyond
+        per_metre = cfg.w_distance_per_m
+        if self.value is not None:
+            value = self.value.score(candidate_features(ctx, self.value.goals, self.value.config))
+            scores = scores + cfg.w_value * value
+            per_metre += cfg.w_value * self.value.per_metre
+            self.last_terms["value"] = value
         # keep the previous target unless it is clearly worse
-        return scores + hysteresis_bonus(ctx, cfg.hysteresis_m, cfg.w_distance_per_m)
+        return scores + hysteresis_bonus(ctx, cfg.hysteresis_m, per_metre)
 
 
 def goal_beyond(ctx: PlannerContext, goal_points: np.ndarray | None) -> np.ndarray:
@@ -187,7 +202,8 @@ def shared_retriever(overrides: Sequence[str] = ()) -> Any:
 def make_scoring_planner(overrides: Sequence[str] = ()) -> ScoringPlanner:
     from trajrag import config
 
-    return ScoringPlanner(shared_retriever(overrides), config.load("scoring", overrides))
+    cfg: ScoringConfig = config.load("scoring", overrides)
+    return ScoringPlanner(shared_retriever(overrides), cfg, load_value_model(cfg.value_model, overrides))
 
 
 def make_trajrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):

@@ -1,0 +1,120 @@
+"""The frontier value: learned from past decisions, it ranks frontiers by what they look out on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trajrag import config
+from trajrag.cli import main
+from trajrag.planners.frontier_value import (
+    FrontierValueModel,
+    ValueDecision,
+    feature_names,
+    fit_value_model,
+    ranking_quality,
+)
+
+VOCABULARY = ["toilet", "bed", "sink", "wardrobe"]
+GOALS = ["toilet", "bed"]
+FAST_SIM = ["sim.width=160", "sim.height=120"]
+
+
+def _decisions(n: int, seed: int) -> list[ValueDecision]:
+    """Decisions whose best frontier is the one near the goal's room-mate (sink for a toilet,
+    wardrobe for a bed), not the nearest one: what nearest frontier cannot know."""
+    rng = np.random.default_rng(seed)
+    mate = {"toilet": "sink", "bed": "wardrobe"}
+    names = feature_names(VOCABULARY, GOALS)
+    out = []
+    for i in range(n):
+        goal = GOALS[i % 2]
+        k = int(rng.integers(2, 5))
+        x = np.zeros((k, len(names)))
+        x[:, 0] = rng.uniform(1.0, 8.0, size=k)  # distance_m
+        x[:, 1:6] = rng.uniform(0.0, 1.0, size=(k, 5))
+        best = int(rng.integers(k))
+        for j in range(k):  # every candidate sees some object; only the best sees the goal's mate
+            seen = mate[goal] if j == best else str(rng.choice(["sink", "wardrobe"] if j % 2 else ["bed"]))
+            if seen == mate[goal] and j != best:
+                seen = "bed"
+            col = VOCABULARY.index(seen)
+            x[j, 6 + col] = 1.0
+            x[j, 6 + len(VOCABULARY) * (1 + GOALS.index(goal)) + col] = 1.0
+        cost = x[:, 0] + 10.0
+        cost[best] = x[best, 0]
+        out.append(ValueDecision(scene=f"home{i % 5}", goal=goal, features=x, cost_m=cost))
+    return out
+
+
+def _fit(decisions):
+    return fit_value_model(decisions, VOCABULARY, GOALS, config.load("value"))
+
+
+def test_the_value_learns_which_object_leads_to_which_goal_and_beats_nearest_frontier():
+    model = _fit(_decisions(300, seed=0))
+    held_out = _decisions(200, seed=1)
+    value = ranking_quality(held_out, model.score, tolerance_m=0.25)
+    nearest = ranking_quality(held_out, lambda x: -x[:, 0], tolerance_m=0.25)
+    assert value["best_rate"] > 0.9 and value["best_rate"] > nearest["best_rate"] + 0.3
+    assert value["regret_m"] < nearest["regret_m"]
+    w = dict(zip(model.feature_names, model.weights))
+    # a sink means "toilet beyond" only when looking for a toilet
+    assert w["near:sink|goal:toilet"] > 0 and w["near:sink|goal:toilet"] > w["near:sink|goal:bed"]
+    assert model.per_metre >= 0.0
+
+
+def test_a_saved_model_scores_the_same_and_a_damaged_one_is_named(tmp_path):
+    model = _fit(_decisions(60, seed=2))
+    path = tmp_path / "value.json"
+    model.save(path)
+    loaded = FrontierValueModel.load(path)
+    x = _decisions(3, seed=3)[0].features
+    np.testing.assert_allclose(loaded.score(x), model.score(x))
+    payload = json.loads(path.read_text())
+    payload["weights"] = payload["weights"][:-1]
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="corrupted frontier value model"):
+        FrontierValueModel.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a frontier value model"):
+        FrontierValueModel.load(path)
+    with pytest.raises(ValueError, match="fit it again"):
+        model.check_vocabulary(["chair", *VOCABULARY])
+
+
+def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_error():
+    blind = ValueDecision(scene="a", goal="bed", features=np.zeros((2, len(feature_names(VOCABULARY, GOALS)))),
+                          cost_m=np.array([np.inf, np.inf]))
+    with pytest.raises(ValueError, match="collect more episodes"):
+        _fit([blind])
+
+
+def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory):
+    out = tmp_path / "value.json"
+    assert main(["value", "fit", "--scenes", "procedural:train:2", "--episodes", "generated:2", "--out", str(out),
+                 "--json", *[a for o in FAST_SIM for a in ("--set", o)]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["decisions"] > 10 and report["held_out_scenes"] == ["procedural/train/0001"]
+    assert set(report["held_out"]) == {"value", "nearest_frontier"}
+    assert 0.0 <= report["held_out"]["value"]["best_rate"] <= 1.0
+    model = FrontierValueModel.load(out)
+    assert model.goals == list(config.load("episodes").goal_categories)
+
+    store, encoder = nav_memory
+    common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",
+              "--store", store, "--model", encoder, *[a for o in FAST_SIM for a in ("--set", o)],
+              "--set", f"scoring.value_model={out}"]
+    assert main(["eval", "--planner", "value,trajrag", "--audit-decisions", *common]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert runs["value"]["episodes"] == runs["trajrag"]["episodes"] == 1
+    records = [json.loads(line) for line in (tmp_path / "eval" / "trajrag" / "episodes.jsonl").open()]
+    assert all("value" in d["terms"] for r in records for d in r["decisions"])  # the term is in the score
+
+
+def test_the_value_planner_without_a_model_says_how_to_make_one(tmp_path, capsys):
+    code = main(["eval", "--planner", "value", "--scenes", "procedural:val:1", "--episodes", "generated:1",
+                 "--out", str(tmp_path), "--json"])
+    assert code == 2 and "trajrag value fit" in capsys.readouterr().err
