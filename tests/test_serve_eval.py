@@ -108,6 +108,37 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, tm
     assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
 
 
+def test_a_value_model_scores_the_same_through_serve_as_in_process(job, tmp_path):
+    """The Serve app gets no map: the evaluator sends the value features with each request."""
+    import numpy as np
+
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.registry import make_agent
+    from trajrag.planners.frontier_value import FrontierValueModel, feature_names
+    from trajrag.world.sim import GridSimulator
+
+    overrides, scenes, episodes, planned = job
+    vocabulary = list(config.load("navigator").vocabulary)
+    goals = list(config.load("episodes").goal_categories)
+    names = feature_names(vocabulary, goals)
+    weights = np.random.default_rng(0).normal(size=len(names))
+    weights[0] = -1.0  # farther is worse, as every fitted model has it
+    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), weights,
+                       config.load("value"), {}).save(tmp_path / "value.json")
+    overrides = [*overrides, f"scoring.value_model={tmp_path / 'value.json'}"]
+    served = evaluate_ray("trajrag", "trajrag", scenes, episodes, tmp_path / "ray", overrides, workers=2,
+                          progress=False)
+    sim_cfg = config.load("sim", overrides)
+    local = evaluate_agent("trajrag", lambda: make_agent("trajrag", sim_cfg, overrides), GridSimulator(sim_cfg),
+                           episodes, scenes, tmp_path / "local", config.load("episodes", overrides), progress=False)
+    walks = {(r["scene_key"], r["episode_id"]): r["actions"]
+             for r in read_records(tmp_path / "local" / "trajrag" / "episodes.jsonl")}
+    records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
+    assert_each_once(records, planned)
+    assert all(r["actions"] == walks[(r["scene_key"], r["episode_id"])] for r in records)
+    assert (served["sr"], served["spl"]) == (local["sr"], local["spl"])
+
+
 def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 

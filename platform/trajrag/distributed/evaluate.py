@@ -166,8 +166,12 @@ def make_evaluator_agent(planner: str, sim_cfg: Any, overrides: Sequence[str], s
         from trajrag.agent.navigator import make_navigator
         from trajrag.distributed.serve_planner import RemotePlanner
 
+        from trajrag.planners.frontier_value import load_value_model
+
         wants_place = bool(config.load("retrieval", overrides).project_goal)
-        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place), sim_cfg, overrides, seed=0)
+        value = load_value_model(config.load("scoring", overrides).value_model, overrides)
+        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value), sim_cfg,
+                              overrides, seed=0)
     from trajrag.agent.registry import make_agent
 
     return make_agent(planner, sim_cfg, overrides)

@@ -33,6 +33,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -96,6 +97,23 @@ def decision_request(ctx: PlannerContext) -> dict:
     place = None if ctx.place is None else ctx.place.to_dict()
     return {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint, "candidates": candidates,
             "place": place}
+
+
+def value_features_from_request(request: Mapping[str, Any], value: Any) -> np.ndarray | None:
+    """The request's ``value_features`` (one row per candidate, the value model's columns), or
+    None when the app has no value model; ``PlannerRequestError`` when the model needs them and
+    they are missing or of the wrong shape."""
+    if value is None:
+        return None
+    shape = (len(request["candidates"]), len(value.feature_names))
+    try:
+        features = np.asarray(request["value_features"], dtype=float)
+    except (KeyError, TypeError, ValueError):
+        features = None
+    if features is None or features.shape != shape:
+        raise PlannerRequestError(f"decision request: 'value_features' must be {shape[0]} rows of {shape[1]} "
+                                  f"numbers (the app scores with a frontier value model)")
+    return features
 
 
 @dataclass
@@ -234,7 +252,10 @@ class PlannerDeployment:
         from trajrag.planners.scoring import ScoringPlanner
 
         self.retriever = retriever  # DeploymentHandle of the Retriever deployment
-        self.scorer = ScoringPlanner(None, config.load("scoring", list(overrides)))
+        from trajrag.planners.frontier_value import load_value_model
+
+        cfg = config.load("scoring", list(overrides))
+        self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, list(overrides)))
 
     async def decide(self, request: Mapping[str, Any]) -> dict:
         """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms",
@@ -252,7 +273,7 @@ class PlannerDeployment:
                                f"for {len(trajectories)}")
         if self.scorer.cfg.keep_goal_points:  # the episode's points travel with its requests
             retrieval = with_kept_points(retrieval, kept_points_from_request(request))
-        scores = self.scorer.score(ctx, retrieval)
+        scores = self.scorer.score(ctx, retrieval, value_features_from_request(request, self.scorer.value))
         points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
@@ -283,7 +304,8 @@ def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
     """``<app_name>-<hash>``: one app per configuration, so evaluation jobs (and shards of one
     job) with the same planner share it and different variants never collide. The hash covers
     the app's overrides, its Serve sizing and the store's table versions, so a store that
-    changed since (rebuilt, re-embedded) gets a new app instead of a stale one."""
+    changed since (rebuilt, re-embedded) or a refitted value model gets a new app instead of a
+    stale one."""
     from dataclasses import asdict
 
     from trajrag import config
@@ -291,7 +313,9 @@ def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
 
     store = config.load("retrieval", list(overrides)).store
     versions = MemoryStore(store, read_only=True).versions() if store else {}
-    key = json.dumps([app_overrides(overrides), asdict(cfg), versions], sort_keys=True)
+    value_model = config.load("scoring", list(overrides)).value_model  # a refitted model: a new app
+    value_hash = hashlib.sha1(Path(value_model).read_bytes()).hexdigest() if value_model else ""
+    key = json.dumps([app_overrides(overrides), asdict(cfg), versions, value_hash], sort_keys=True)
     return f"{cfg.app_name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
@@ -409,9 +433,11 @@ class RemotePlanner:
 
     name = "trajrag"
 
-    def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None, wants_place: bool = False) -> None:
+    def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None, wants_place: bool = False,
+                 value: Any = None) -> None:
         self.app, self.cfg, self._handle = app, cfg, handle
         self.wants_place = wants_place  # the app's retriever projects the goal (sends ctx.place)
+        self.value = value  # the app's frontier value model: its features come from this side's map
         self.goal_points: list | None = None  # the episode's projected goal points, from the app
         self.goal = ""
         self.retrieval_ms: list[float] = []
@@ -431,7 +457,12 @@ class RemotePlanner:
                 "serve_retries": self.retries, "fallbacks": 0}
 
     def choose(self, ctx: PlannerContext) -> int:
-        answer = self.request({**decision_request(ctx), "goal_points": self.goal_points})
+        payload = {**decision_request(ctx), "goal_points": self.goal_points}
+        if self.value is not None:
+            from trajrag.planners.frontier_value import candidate_features
+
+            payload["value_features"] = candidate_features(ctx, self.value.goals, self.value.config).tolist()
+        answer = self.request(payload)
         self.goal_points = answer.get("goal_points") or self.goal_points
         choice = int(answer["choice"])
         if not 0 <= choice < len(ctx.candidates):

@@ -97,8 +97,10 @@ class ScoringPlanner(RetrievalTimings):
         self.last_scores = scores
         return int(np.argmax(scores))
 
-    def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval) -> np.ndarray:
-        """The score of every candidate (higher is better)."""
+    def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval,
+              value_features: np.ndarray | None = None) -> np.ndarray:
+        """The score of every candidate (higher is better). ``value_features``: the value model's
+        candidate features when computed elsewhere (the Serve app gets no map); else from ``ctx``."""
         cfg = self.cfg
         distance = candidate_distances(ctx)
         similarity = np.array([goal_similarity(exps, ctx.goal) for exps in retrieval.experiences])
@@ -116,7 +118,9 @@ class ScoringPlanner(RetrievalTimings):
             self.last_terms["goal_projection"] = -beyond
         per_metre = cfg.w_distance_per_m
         if self.value is not None:
-            value = self.value.score(candidate_features(ctx, self.value.goals, self.value.config))
+            if value_features is None:
+                value_features = candidate_features(ctx, self.value.goals, self.value.config)
+            value = self.value.score(value_features)
             scores = scores + cfg.w_value * value
             per_metre += cfg.w_value * self.value.per_metre
             self.last_terms["value"] = value
