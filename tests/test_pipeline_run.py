@@ -11,7 +11,7 @@ from trajrag.cli import main
 def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
     sizes = ["run.corpus_scenes=procedural:train:4", "run.corpus_episodes_per_scene=3", "run.encoder_epochs=1",
-             "encoder.train.min_held_out_scenes=1",
+             "encoder.train.min_held_out_scenes=1", "run.value_episodes=generated:1",
              "episodes.max_steps=200", *FAST_SIM]
     argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--agents", "trajrag,frontier",
             "--out", str(out), "--json", *[a for s in sizes for a in ("--set", s)]]
@@ -22,6 +22,7 @@ def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_p
     assert set(result["summaries"]) == {"trajrag", "frontier"}
     assert result["summaries"]["trajrag"]["planner_calls"] > 0
     assert (out / "model" / "encoder.json").is_file() and (out / "encoder_eval.json").is_file()
+    assert result["value"]["episodes"] == 4 and (out / "value.json").is_file()  # TrajRAG scored with it
     table = (out / "results.md").read_text()
     assert "| trajrag |" in table and "| frontier |" in table
     assert (out / "episode.png").stat().st_size > 10_000 and (out / "decision.png").stat().st_size > 10_000

@@ -5,13 +5,16 @@
    memory ``<out>/memory``;
 2. **encoder**: f_E trained on Ray Train (``<out>/model``), evaluated on held-out scenes
    (``<out>/encoder_eval.json``) and the chunk embeddings written into the memory;
-3. **evaluation**: each agent (TrajRAG's retrieval-scoring planner and the baselines) on
+3. **value**: nearest-frontier decisions in the corpus homes with their hindsight cost to the
+   goal, and the frontier value fitted on them (``<out>/value.json``, ``trajrag value fit``),
+   which TrajRAG's scoring planner adds to its score;
+4. **evaluation**: each agent (TrajRAG's retrieval-scoring planner and the baselines) on
    generated episodes of procedural *val* homes: ``<out>/<agent>/episodes.jsonl``;
-4. **report**: ``<out>/results.md`` / ``results.csv``, ``episode.png`` (the agents' walks in one
+5. **report**: ``<out>/results.md`` / ``results.csv``, ``episode.png`` (the agents' walks in one
    episode) and ``decision.png`` (one TrajRAG decision with its retrieved experiences).
 
-Every stage resumes: the memory skips stored trajectories, a trained encoder is kept, finished
-episodes are skipped. Sizes and the shared overrides are in ``configs/run.yaml``.
+Every stage resumes: the memory skips stored trajectories, a trained encoder and a fitted value
+are kept, finished episodes are skipped. Sizes and the shared overrides are in ``configs/run.yaml``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class RunConfig:
     corpus_policy: str
     workers: int
     encoder_epochs: int
+    value_episodes: str
     scenes: str
     episodes: str
     agents: list[str]
@@ -51,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run",
         help="run the whole pipeline small on the embedded default (make run)",
-        description="corpus (Ray collectors -> LanceDB memory) -> encoder (Ray Train) -> evaluation of "
-        "TrajRAG against the baselines -> results table and pictures, offline. Sizes in configs/run.yaml; "
+        description="corpus (Ray collectors -> LanceDB memory) -> encoder (Ray Train) -> "
+        "frontier value (decisions in the corpus homes) -> evaluation of TrajRAG against the baselines -> "
+        "results table and pictures, offline. Sizes in configs/run.yaml; "
         "re-running resumes every stage.",
     )
     parser.add_argument("--scenes", help="evaluation scene spec (default: run.scenes)")
@@ -74,7 +79,8 @@ def run_command(args: argparse.Namespace) -> int:
     agents = args.agents.split(",") if args.agents else list(cfg.agents)
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     seconds: dict[str, float] = {}
-    store, model = str(out / "memory"), str(out / "model")
+    store, model, value = str(out / "memory"), str(out / "model"), str(out / "value.json")
+    shared = [f"retrieval.store={store}", f"retrieval.model_dir={model}"]
     with pipeline_ray(cfg.workers):
         if any(a in ("trajrag", "llm", "graphrag") for a in agents):
             start = time.perf_counter()
@@ -85,13 +91,18 @@ def run_command(args: argparse.Namespace) -> int:
             seconds["encoder"] = time.perf_counter() - start
         else:
             corpus = encoder = None
+        value_report = None
+        if any(a in ("trajrag", "llm", "value") for a in agents):  # the planners that score with it
+            start = time.perf_counter()
+            value_report = fit_value_stage(cfg, value, overrides, progress=not args.json, say=say)
+            seconds["value"] = time.perf_counter() - start
+            shared.append(f"scoring.value_model={value}")
         start = time.perf_counter()
-        summaries = evaluate(cfg, args, agents, out, [f"retrieval.store={store}", f"retrieval.model_dir={model}",
-                                                      *overrides], say)
+        summaries = evaluate(cfg, args, agents, out, [*shared, *overrides], say)
         seconds["evaluation"] = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"out": str(out), "corpus": corpus, "encoder": encoder, "summaries": summaries,
-                          "seconds": seconds}, default=str))
+        print(json.dumps({"out": str(out), "corpus": corpus, "encoder": encoder, "value": value_report,
+                          "summaries": summaries, "seconds": seconds}, default=str))
     return 0
 
 
@@ -121,7 +132,7 @@ def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: boo
     from trajrag.cli.corpus import build_corpus
     from trajrag.distributed.corpus import build_corpus_ray
 
-    say(f"[1/4] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
+    say(f"[1/5] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
         f"({cfg.corpus_policy}), {cfg.workers} collectors -> {store}")
     if cfg.workers > 0:
         summary = build_corpus_ray(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
@@ -142,11 +153,11 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
     from trajrag.encoder.train import train_encoder
 
     if not (Path(model) / "encoder.json").is_file():
-        say(f"[2/4] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
+        say(f"[2/5] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
         train_encoder(store, model, workers=max(cfg.workers, 1),
                       overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
     else:
-        say(f"[2/4] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
+        say(f"[2/5] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
     try:  # recall on held-out scenes, and every chunk's embedding written
         result = evaluate_encoder(store, model, overrides=overrides)
         result["embedded_chunks"] = result["held_out"]["written"]
@@ -157,6 +168,23 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
         say(f"      held-out recall not measured: {exc}")
     (Path(model).parent / "encoder_eval.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def fit_value_stage(cfg: RunConfig, value: str, overrides: list[str], progress: bool, say) -> dict:
+    """Stage 3: the frontier value from decisions in the corpus homes (kept when ``value`` exists)."""
+    from trajrag.cli.value import fit_value
+    from trajrag.planners.frontier_value import FrontierValueModel
+
+    if Path(value).is_file():
+        say(f"[3/5] value: keeping {value}")
+        return FrontierValueModel.load(value).report
+    say(f"[3/5] value: nearest-frontier decisions, {cfg.value_episodes} x {cfg.corpus_scenes} -> {value}")
+    report = fit_value(cfg.corpus_scenes, cfg.value_episodes, value, overrides, progress=progress)
+    held_out = report.get("held_out")
+    if held_out:
+        say("      held-out best pick: value {:.3f}, nearest frontier {:.3f}".format(
+            held_out["value"]["best_rate"], held_out["nearest_frontier"]["best_rate"]))
+    return report
 
 
 def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: Path, overrides: list[str],
@@ -173,7 +201,7 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     episodes = load_episodes(args.episodes or cfg.episodes, scenes, overrides)
     sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
     sim = GridSimulator(sim_cfg)
-    say(f"[3/4] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
+    say(f"[4/5] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
     summaries = {}
     for name in agents:
         if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
@@ -186,7 +214,7 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
     if "trajrag" in agents:
         pictures.append(decision_picture(sim, sim_cfg, episodes[0], scenes, episode_cfg, overrides, out))
-    say("[4/4] report\n" + table + f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  "
+    say("[5/5] report\n" + table + f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  "
         f"pictures: {', '.join(str(p) for p in pictures if p)}")
     return summaries
 

@@ -39,38 +39,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fit_command(args: argparse.Namespace) -> int:
+    report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json)
+    print(json.dumps({"out": args.out, **report}))
+    if not args.json:
+        print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
+    return 0
+
+
+def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True) -> dict:
+    """Collect the decisions, report the held-out ranking, fit on every scene and write ``out``;
+    returns the model's report (also stored in the file)."""
     from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
     from trajrag.planners.frontier_value import fit_value_model, ranking_quality
     from trajrag.world.datasets import load_episodes, load_scenes
 
-    cfg = config.load("value", args.overrides)
-    audit = config.load("audit", args.overrides)
-    episode_cfg = config.load("episodes", args.overrides)
-    scenes = load_scenes(args.scenes, args.overrides)
-    episodes = load_episodes(args.episodes, scenes, args.overrides)
+    cfg = config.load("value", overrides)
+    audit = config.load("audit", overrides)
+    episode_cfg = config.load("episodes", overrides)
+    scenes = load_scenes(scenes_spec, overrides)
+    episodes = load_episodes(episodes_spec, scenes, overrides)
     if not episodes:
-        raise UserError(f"no episodes in {args.episodes!r} for {args.scenes!r}")
+        raise UserError(f"no episodes in {episodes_spec!r} for {scenes_spec!r}")
     goals = list(episode_cfg.goal_categories)
-    decisions, vocabulary = collect_value_decisions(scenes, episodes, goals, config.load("sim", args.overrides),
-                                                    episode_cfg, audit, cfg, args.overrides, progress=not args.json)
+    decisions, vocabulary = collect_value_decisions(scenes, episodes, goals, config.load("sim", overrides),
+                                                    episode_cfg, audit, cfg, overrides, progress=progress)
     names = sorted({scene.name for scene in scenes})
     held_out = set(names[len(names) - math.ceil(len(names) * cfg.held_out_share):]) if len(names) > 1 else set()
-    fitting = [d for d in decisions if d.scene not in held_out]
     testing = [d for d in decisions if d.scene in held_out]
     report = {"scenes": len(names), "episodes": len(episodes), "decisions": len(decisions),
               "held_out_scenes": sorted(held_out)}
     try:
         if testing:
-            model = fit_value_model(fitting, vocabulary, goals, cfg)
+            model = fit_value_model([d for d in decisions if d.scene not in held_out], vocabulary, goals, cfg)
             report["held_out"] = {"value": ranking_quality(testing, model.score, audit.tolerance_m),
                                   "nearest_frontier": ranking_quality(testing, lambda x: -x[:, 0], audit.tolerance_m)}
         model = fit_value_model(decisions, vocabulary, goals, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    model.report.update(report, scenes_spec=args.scenes, episodes_spec=args.episodes)
-    model.save(args.out)
-    print(json.dumps({"out": args.out, **model.report}))
-    if not args.json:
-        print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
-    return 0
+    model.report.update(report, scenes_spec=scenes_spec, episodes_spec=episodes_spec)
+    model.save(out)
+    return model.report
