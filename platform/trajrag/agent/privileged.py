@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
+from trajrag.config import ConfigError
 from trajrag.agent.navigator import Navigator, make_navigator
 from trajrag.planners.base import PlannerContext, candidate_distances
 from trajrag.planners.frontier import NearestFrontierPlanner
@@ -38,7 +39,7 @@ class FrontierOraclePlanner:
 
     def __init__(self, audit: AuditConfig, episode_cfg: EpisodeConfig, hysteresis_m: float) -> None:
         if not 0.0 <= audit.oracle_follow_p <= 1.0:
-            raise ValueError(f"audit.oracle_follow_p must be in [0, 1], got {audit.oracle_follow_p}")
+            raise ConfigError(f"audit.oracle_follow_p must be in [0, 1], got {audit.oracle_follow_p}")
         self.audit = audit
         self.episode_cfg = episode_cfg
         self.nearest = NearestFrontierPlanner(hysteresis_m)

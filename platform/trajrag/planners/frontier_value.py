@@ -278,7 +278,7 @@ def make_value_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
     path = config.load("scoring", overrides).value_model
     if not path:
         raise ValueModelError("the value planner needs a model: --set scoring.value_model=VALUE.json "
-                         "(written by `trajrag value fit`)")
+                              "(written by `trajrag value fit`)")
     model = load_value_model(path, overrides)
     return make_navigator(FrontierValuePlanner(model, config.load("navigator", overrides).frontier_hysteresis_m),
                           sim_cfg, overrides, seed)
