@@ -10,7 +10,6 @@ import pytest
 from trajrag import config
 from trajrag.agent.decisions import DecisionAudit, decision_quality
 from trajrag.agent.evaluate import evaluate_agent
-from trajrag.agent.navigator import make_frontier_agent
 from trajrag.agent.registry import make_agent
 from trajrag.world.datasets import load_episodes, load_scenes
 from trajrag.world.episode_gen import scene_goal_field
@@ -62,15 +61,18 @@ def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_u
     assert audit.to_goal(np.array([[-100.0, -100.0]])) is None
 
 
-def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(tmp_path):
+def _evaluate(name, agent, out, audit=AUDIT, overrides=()):
+    """``agent`` (a registry name) on 2 episodes of one val home, into ``out/name``."""
     scenes = load_scenes("procedural:val:1")
-    episodes = load_episodes("generated:2", scenes)
     sim_cfg = config.load("sim", OVERRIDES)
-    episode_cfg = config.load("episodes")
-    run = lambda out, audit: evaluate_agent(  # noqa: E731
-        "frontier", lambda: make_frontier_agent(sim_cfg, OVERRIDES), GridSimulator(sim_cfg), episodes, scenes,
-        out, episode_cfg, progress=False, audit=audit)
-    plain, audited = run(tmp_path / "plain", None), run(tmp_path / "audited", AUDIT)
+    return evaluate_agent(name, lambda: make_agent(agent, sim_cfg, [*OVERRIDES, *overrides]), GridSimulator(sim_cfg),
+                          load_episodes("generated:2", scenes), scenes, out, config.load("episodes"),
+                          progress=False, audit=audit)
+
+
+def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(tmp_path):
+    plain = _evaluate("frontier", "frontier", tmp_path / "plain", audit=None)
+    audited = _evaluate("frontier", "frontier", tmp_path / "audited")
     assert audited["spl"] == plain["spl"] and audited["planner_calls"] == plain["planner_calls"]
     assert "decision_best_rate" not in plain
     assert audited["decisions_audited"] == audited["planner_calls"] > 0
@@ -86,18 +88,12 @@ def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_witho
 
 
 def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(tmp_path):
-    scenes = load_scenes("procedural:val:1")
-    episodes = load_episodes("generated:2", scenes)
-    sim_cfg = config.load("sim", OVERRIDES)
-    episode_cfg = config.load("episodes")
-    run = lambda name, make: evaluate_agent(  # noqa: E731
-        name, make, GridSimulator(sim_cfg), episodes, scenes, tmp_path, episode_cfg, progress=False, audit=AUDIT)
-    oracle = run("oracle-1", lambda: make_agent("frontier-oracle", sim_cfg, OVERRIDES))
+    oracle = _evaluate("oracle-1", "frontier-oracle", tmp_path)
     assert oracle["decision_best_rate"] == 1.0 and oracle["decision_regret_m"] == 0.0
     assert oracle["decision_score_rho"] > 0.5  # its score is the (negated) cost to the goal
-    nearest = run("frontier", lambda: make_frontier_agent(sim_cfg, OVERRIDES))
-    never = run("oracle-0", lambda: make_agent("frontier-oracle", sim_cfg, [*OVERRIDES, "audit.oracle_follow_p=0"]))
+    nearest = _evaluate("frontier", "frontier", tmp_path)
+    never = _evaluate("oracle-0", "frontier-oracle", tmp_path, overrides=["audit.oracle_follow_p=0"])
     assert never["spl"] == nearest["spl"] and never["planner_calls"] == nearest["planner_calls"]
     assert oracle["spl"] >= nearest["spl"]
     with pytest.raises(ValueError, match="oracle_follow_p"):
-        make_agent("frontier-oracle", sim_cfg, [*OVERRIDES, "audit.oracle_follow_p=1.5"])
+        make_agent("frontier-oracle", config.load("sim", OVERRIDES), [*OVERRIDES, "audit.oracle_follow_p=1.5"])
