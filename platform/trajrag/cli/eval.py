@@ -30,7 +30,7 @@ class EvalConfig:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "eval",
-        help="evaluate planners (trajrag, llm, graphrag, frontier, random, oracle, frontier-oracle) on ObjectNav episodes",
+        help="evaluate planners (trajrag, llm, graphrag, value, frontier, random, oracle, frontier-oracle) on ObjectNav episodes",
         description="Runs each planner (and retrieval variant) on the episodes, writes per-episode JSONL "
         "records (resumable), prints one JSON summary per run (episodes, sr, spl, dtg_m, planner_calls, "
         "fallbacks, retrieval_ms_p50) and writes <out>/results.md and results.csv across every run in <out>. "
@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--scenes", required=True, help=SCENES_HELP)
     parser.add_argument("--episodes", required=True, help=EPISODES_HELP)
     parser.add_argument("--planner", required=True,
-                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, "
+                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, value (the learned "
+                        "frontier value alone: --set scoring.value_model=VALUE.json), "
                         "frontier (nearest), random, oracle (shortest walk); frontier-oracle ranks the frontiers with the "
                         "simulator's distances to the goal (the ceiling of every frontier-ranking planner, "
                         "configs/audit.yaml)")
