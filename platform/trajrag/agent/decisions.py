@@ -32,7 +32,7 @@ import numpy as np
 from scipy.ndimage import minimum_filter
 from scipy.stats import rankdata
 
-from trajrag.planners.base import candidate_distances
+from trajrag.planners.base import candidate_distances, worst_known
 
 if TYPE_CHECKING:
     from trajrag.world.geodesic import GoalField
@@ -85,10 +85,11 @@ class FrontierGoalDistance:
         best = float(self.near_goal_m[cells[:, 0], cells[:, 1]].min()) if len(cells) else np.inf
         return round(best, 3) if np.isfinite(best) else None
 
-    def of_candidates(self, ctx) -> np.ndarray:
-        """float (C,): metres from each candidate's frontier to the goal (``inf`` where unknown)."""
+    def cost_through(self, ctx) -> np.ndarray:
+        """float (C,): each candidate's cost to the goal through its frontier, metres: the
+        agent's way to the frontier + the frontier's distance to the goal (``inf`` where unknown)."""
         metres = [self(ctx.sem_map.to_xy(ctx.frontiers[c.frontier_index].cells)) for c in ctx.candidates]
-        return np.array([np.inf if m is None else m for m in metres], dtype=float)
+        return candidate_distances(ctx) + np.array([np.inf if m is None else m for m in metres], dtype=float)
 
 
 class DecisionAudit:
@@ -130,9 +131,7 @@ def decision_quality(episodes: Iterable[Sequence[dict]], tolerance_m: float) -> 
             to_goal = np.array([np.inf if g is None else g for g in d["frontier_to_goal_m"]], dtype=float)
             if not np.isfinite(to_goal).any():
                 continue
-            cost = np.asarray(d["to_frontier_m"], dtype=float) + to_goal
-            # a candidate with no known way to the goal counts as the worst known one
-            cost = np.where(np.isfinite(cost), cost, cost[np.isfinite(cost)].max())
+            cost = worst_known(np.asarray(d["to_frontier_m"], dtype=float) + to_goal)
             regret.append(float(cost[d["chosen"]] - cost.min()))
             best.append(regret[-1] <= tolerance_m)
             rho = _score_rho(d.get("scores"), to_goal)

@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
-from trajrag.config import ConfigError
 from trajrag.agent.navigator import Navigator, make_navigator
-from trajrag.planners.base import PlannerContext, candidate_distances
+from trajrag.config import ConfigError
+from trajrag.planners.base import PlannerContext
 from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
@@ -59,12 +59,12 @@ class FrontierOraclePlanner:
             raise RuntimeError("the frontier oracle needs see_episode() with the episode first")
         # one draw per decision whatever follow_p is, so runs at different p share their draws
         follow = self._rng.random() < self.audit.oracle_follow_p
-        to_goal = self.to_goal.of_candidates(ctx)
-        if not follow or not np.isfinite(to_goal).any():
+        cost = self.to_goal.cost_through(ctx)
+        if not follow or not np.isfinite(cost).any():
             choice = self.nearest.choose(ctx)
             self.last_scores = self.nearest.last_scores
             return choice
-        self.last_scores = -(candidate_distances(ctx) + to_goal)
+        self.last_scores = -cost
         return int(np.argmax(self.last_scores))
 
 

@@ -17,7 +17,6 @@ from tqdm import tqdm
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
 from trajrag.agent.episode_runner import run_episode
 from trajrag.agent.navigator import make_frontier_agent
-from trajrag.planners.base import candidate_distances
 from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
@@ -39,7 +38,7 @@ def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNa
     def record(ctx, choice: int, planner) -> None:
         decisions.append(ValueDecision(scene=current["scene"], goal=ctx.goal,
                                        features=candidate_features(ctx, goals, cfg),
-                                       cost_m=candidate_distances(ctx) + current["to_goal"].of_candidates(ctx)))
+                                       cost_m=current["to_goal"].cost_through(ctx)))
 
     agent.decision_observer = record
     for episode in tqdm(episodes, desc="value decisions", unit="ep", disable=not progress):

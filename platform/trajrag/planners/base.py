@@ -52,6 +52,13 @@ def candidate_distances(ctx: PlannerContext) -> np.ndarray:
     return np.where(np.isfinite(geodesic), geodesic, fallback)
 
 
+def worst_known(cost_m: np.ndarray) -> np.ndarray:
+    """``cost_m`` (float (C,), metres, at least one finite) with every unknown (infinite) cost
+    replaced by the worst known one: a candidate with no known way to the goal ranks last."""
+    cost = np.asarray(cost_m, dtype=float)
+    return np.where(np.isfinite(cost), cost, cost[np.isfinite(cost)].max())
+
+
 def previous_target(ctx: PlannerContext, radius_m: float) -> np.ndarray:
     """bool (C,): the candidates whose frontier lies within ``radius_m`` of the previous
     decision's waypoint (none at the first decision). Planners favour them so that re-deciding

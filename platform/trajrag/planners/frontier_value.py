@@ -36,7 +36,7 @@ import numpy as np
 from scipy.ndimage import uniform_filter
 from scipy.optimize import minimize
 
-from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus
+from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus, worst_known
 
 GEOMETRY_FEATURES = ("distance_m", "log_frontier_length_m", "unknown_share", "outwardness_m", "straight_m",
                      "detour_m")
@@ -171,8 +171,7 @@ class FrontierValueModel:
 def soft_target(cost_m: np.ndarray, temperature_m: float) -> np.ndarray:
     """The training target of one decision: a softmax preferring lower cost (metres); candidates
     without a known way to the goal count as the worst known one."""
-    cost = np.asarray(cost_m, dtype=float)
-    cost = np.where(np.isfinite(cost), cost, cost[np.isfinite(cost)].max())
+    cost = worst_known(cost_m)
     logits = -(cost - cost.min()) / temperature_m
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
@@ -225,7 +224,7 @@ def ranking_quality(decisions: Sequence[ValueDecision], scorer, tolerance_m: flo
     best, regret, rhos = [], [], []
     for d in usable(decisions):
         scores = np.asarray(scorer(d.features), dtype=float)
-        cost = np.where(np.isfinite(d.cost_m), d.cost_m, d.cost_m[np.isfinite(d.cost_m)].max())
+        cost = worst_known(d.cost_m)
         regret.append(float(cost[int(np.argmax(scores))] - cost.min()))
         best.append(regret[-1] <= tolerance_m)
         if len(cost) >= 3 and np.isfinite(d.cost_m).all() and np.ptp(scores) > 0 and np.ptp(cost) > 0:
