@@ -48,7 +48,7 @@ def test_doctor_rejects_a_pickle_carrying_code(tmp_path, capsys):
     assert "evil_info.pbz2" in capsys.readouterr().err
 
 
-def test_run_writes_records_table_and_picture_and_resumes(tmp_path, capsys):
+def test_run_writes_records_table_and_picture_and_resumes(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:2", "--agents", "oracle",
             "--out", str(out), "--json", *SMALL_SIM]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from trajrag.world.datasets import load_episodes, load_scenes
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.sim import GridSimulator
 
-OVERRIDES = ["sim.width=160", "sim.height=120"]
+OVERRIDES = ["sim.width=160", "sim.height=120", "episodes.max_steps=150"]  # a few decisions per walk
 AUDIT = config.load("audit")
 
 
@@ -66,18 +67,25 @@ def _evaluate(name, agent, out, audit=AUDIT, overrides=()):
     scenes = load_scenes("procedural:val:1")
     sim_cfg = config.load("sim", OVERRIDES)
     return evaluate_agent(name, lambda: make_agent(agent, sim_cfg, [*OVERRIDES, *overrides]), GridSimulator(sim_cfg),
-                          load_episodes("generated:2", scenes), scenes, out, config.load("episodes"),
+                          load_episodes("generated:2", scenes), scenes, out, config.load("episodes", OVERRIDES),
                           progress=False, audit=audit)
 
 
-def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(tmp_path):
+@pytest.fixture(scope="module")
+def audited_frontier(tmp_path_factory) -> tuple[dict, Path]:
+    """Nearest frontier's audited evaluation (summary, records file), shared by the tests below."""
+    out = tmp_path_factory.mktemp("audited")
+    return _evaluate("frontier", "frontier", out), out / "frontier" / "episodes.jsonl"
+
+
+def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(audited_frontier, tmp_path):
     plain = _evaluate("frontier", "frontier", tmp_path / "plain", audit=None)
-    audited = _evaluate("frontier", "frontier", tmp_path / "audited")
+    audited, records_file = audited_frontier
     assert audited["spl"] == plain["spl"] and audited["planner_calls"] == plain["planner_calls"]
     assert "decision_best_rate" not in plain
     assert audited["decisions_audited"] == audited["planner_calls"] > 0
     assert 0.0 <= audited["decision_best_rate"] <= 1.0 and audited["decision_regret_m"] >= 0.0
-    records = [json.loads(line) for line in (tmp_path / "audited" / "frontier" / "episodes.jsonl").open()]
+    records = [json.loads(line) for line in records_file.open()]
     for record in records:
         assert len(record["decisions"]) == record["agent_stats"]["planner_calls"]
         for d in record["decisions"]:
@@ -87,11 +95,12 @@ def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_witho
             assert any(g is not None for g in d["frontier_to_goal_m"])
 
 
-def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(tmp_path):
+def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(
+        audited_frontier, tmp_path):
     oracle = _evaluate("oracle-1", "frontier-oracle", tmp_path)
     assert oracle["decision_best_rate"] == 1.0 and oracle["decision_regret_m"] == 0.0
     assert oracle["decision_score_rho"] > 0.5  # its score is the (negated) cost to the goal
-    nearest = _evaluate("frontier", "frontier", tmp_path)
+    nearest, _ = audited_frontier
     never = _evaluate("oracle-0", "frontier-oracle", tmp_path, overrides=["audit.oracle_follow_p=0"])
     assert never["spl"] == nearest["spl"] and never["planner_calls"] == nearest["planner_calls"]
     assert oracle["spl"] >= nearest["spl"]

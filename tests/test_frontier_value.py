@@ -14,7 +14,9 @@ from trajrag.planners.frontier_value import (
     ValueDecision,
     feature_names,
     fit_value_model,
+    load_decisions,
     ranking_quality,
+    save_decisions,
 )
 
 VOCABULARY = ["toilet", "bed", "sink", "wardrobe"]
@@ -85,6 +87,22 @@ def test_a_saved_model_scores_the_same_and_a_damaged_one_is_named(tmp_path):
         model.check_vocabulary(["chair", *VOCABULARY])
 
 
+def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path):
+    kept = _decisions(20, seed=4)
+    kept[0].cost_m[1] = np.inf  # no known way to the goal survives the round trip
+    path = tmp_path / "decisions.npz"
+    save_decisions(path, kept, VOCABULARY, GOALS)
+    decisions, vocabulary, goals = load_decisions(path)
+    assert (vocabulary, goals) == (VOCABULARY, GOALS) and len(decisions) == len(kept)
+    for a, b in zip(decisions, kept):
+        assert (a.scene, a.goal) == (b.scene, b.goal)
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.cost_m, b.cost_m)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="decisions.npz: not a value decisions file"):
+        load_decisions(path)
+
+
 def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_error():
     blind = ValueDecision(scene="a", goal="bed", features=np.zeros((2, len(feature_names(VOCABULARY, GOALS)))),
                           cost_m=np.array([np.inf, np.inf]))
@@ -93,19 +111,26 @@ def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_
 
 
 def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory):
-    out = tmp_path / "value.json"
+    out, kept = tmp_path / "value.json", tmp_path / "decisions.npz"
     assert main(["value", "fit", "--scenes", "procedural:train:2", "--episodes", "generated:1", "--out", str(out),
-                 "--json", *[a for o in FAST_SIM for a in ("--set", o)]]) == 0
+                 "--save-decisions", str(kept), "--json",
+                 *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)]]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["decisions"] > 5 and report["held_out_scenes"] == ["procedural/train/0001"]
     assert set(report["held_out"]) == {"value", "nearest_frontier"}
     assert 0.0 <= report["held_out"]["value"]["best_rate"] <= 1.0
     model = FrontierValueModel.load(out)
     assert model.goals == list(config.load("episodes").goal_categories)
+    # Refitted from the kept decisions, without walking: the same model.
+    assert main(["value", "fit", "--decisions", str(kept), "--out", str(tmp_path / "again.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["held_out"] == report["held_out"]
+    np.testing.assert_allclose(FrontierValueModel.load(tmp_path / "again.json").weights, model.weights)
+    assert main(["value", "fit", "--decisions", str(kept), "--scenes", "procedural:train:2", "--out", "x.json"]) == 2
+    assert "either --scenes and --episodes" in capsys.readouterr().err
 
     store, encoder = nav_memory
     common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",
-              "--store", store, "--model", encoder, *[a for o in FAST_SIM for a in ("--set", o)],
+              "--store", store, "--model", encoder, *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)],
               "--set", f"scoring.value_model={out}"]
     assert main(["eval", "--planner", "value,trajrag", "--audit-decisions", *common]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]

@@ -28,5 +28,5 @@ def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_p
     assert (out / "episode.png").stat().st_size > 10_000 and (out / "decision.png").stat().st_size > 10_000
     assert main(argv) == 0  # a rerun resumes: nothing collected, the encoder kept, no episode rerun
     again = json.loads(capsys.readouterr().out)
-    assert again["corpus"]["collected"] == 0
+    assert again["corpus"]["collected"] == 0 and again["encoder"] == result["encoder"]
     assert len((out / "trajrag" / "episodes.jsonl").read_text().splitlines()) == 1

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -336,10 +336,20 @@ def test_scene_graph_relations_count_objects_seen_together():
 
 
 # -- trajrag eval ---------------------------------------------------------------------------------
-def _eval(*args):
-    cmd = [str(Path(sys.executable).parent / "trajrag"), "eval", "--scenes", "procedural:val:1", "--episodes", "generated:2",
-           *args, *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)], "--json"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+def _eval(*args) -> SimpleNamespace:
+    """``trajrag eval`` on 2 episodes of one val home, in this process (the models load once per
+    test session): ``returncode``, ``stdout``, ``stderr``."""
+    from trajrag.cli import main
+
+    argv = ["eval", "--scenes", "procedural:val:1", "--episodes", "generated:2", *args,
+            *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)], "--json"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+    return SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
 
 
 def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path):

@@ -2,9 +2,10 @@
 
 One local Ray (the session's ``ray_session``), loopback only: Serve's HTTP proxy on 127.0.0.1 at
 a free port, evaluators reaching the planner app through DeploymentHandles. The memory is the
-``nav_memory`` fixture (3 train homes, untrained encoder); the episodes are 2 val homes x 2, with
-160x120 renders and a 70-step budget (a few planner decisions each). Faults are real process
-deaths: a replica actor killed with ``ray.kill`` mid-evaluation, an evaluator that ``os._exit``s.
+``nav_memory`` fixture (3 train homes, untrained encoder); the app also scores with a frontier value
+model. The episodes are 2 val homes x 2, with 160x120 renders and a 70-step budget (a few planner
+decisions each). Faults are real process deaths: a replica actor killed with ``ray.kill``
+mid-evaluation, an evaluator that ``os._exit``s.
 Serve is shut down before and after this module so other tests never see its apps.
 """
 
@@ -51,10 +52,30 @@ def serve_clean(ray_session):
 
 
 @pytest.fixture(scope="module")
-def job(nav_memory, serve_clean):
+def value_model(tmp_path_factory) -> str:
+    """A frontier value model (random weights, farther worse) for the planner app to score with:
+    the app has no map, so the evaluator must send the value features with each request."""
+    import numpy as np
+
+    from trajrag.planners.frontier_value import FrontierValueModel, feature_names
+
+    vocabulary = list(config.load("navigator").vocabulary)
+    goals = list(config.load("episodes").goal_categories)
+    names = feature_names(vocabulary, goals)
+    weights = np.random.default_rng(0).normal(size=len(names))
+    weights[0] = -1.0  # farther is worse, as every fitted model has it
+    path = tmp_path_factory.mktemp("value") / "value.json"
+    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), weights,
+                       config.load("value"), {}).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def job(nav_memory, value_model, serve_clean):
     """(overrides, scenes, episodes, planned keys) of the evaluation under test."""
     store, model = nav_memory
-    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *JOB]
+    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", f"scoring.value_model={value_model}",
+                 *JOB]
     scenes = load_scenes(SCENES, overrides)
     episodes = load_episodes(EPISODES, scenes, overrides)
     planned = {(e.scene_key, str(e.episode_id)) for e in episodes}
@@ -72,7 +93,8 @@ def assert_each_once(records: list[dict], planned: set) -> None:
     assert set(keys) == planned and len(keys) == len(planned)
 
 
-def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, tmp_path, capsys):
+def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, value_model, tmp_path, capsys):
+    """With a value model: the Serve app gets no map, the evaluator sends the value features."""
     from trajrag.agent.evaluate import evaluate_agent
     from trajrag.agent.registry import make_agent
     from trajrag.cli import main
@@ -82,7 +104,7 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, tm
     store, model = nav_memory
     argv = ["eval", "--scenes", SCENES, "--episodes", EPISODES, "--planner", "trajrag", "--store", store,
             "--model", model, "--out", str(tmp_path / "ray"), "--workers", "2", "--json"]
-    for override in JOB:
+    for override in (f"scoring.value_model={value_model}", *JOB):
         argv += ["--set", override]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -108,37 +130,6 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, tm
     assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
 
 
-def test_a_value_model_scores_the_same_through_serve_as_in_process(job, tmp_path):
-    """The Serve app gets no map: the evaluator sends the value features with each request."""
-    import numpy as np
-
-    from trajrag.agent.evaluate import evaluate_agent
-    from trajrag.agent.registry import make_agent
-    from trajrag.planners.frontier_value import FrontierValueModel, feature_names
-    from trajrag.world.sim import GridSimulator
-
-    overrides, scenes, episodes, planned = job
-    vocabulary = list(config.load("navigator").vocabulary)
-    goals = list(config.load("episodes").goal_categories)
-    names = feature_names(vocabulary, goals)
-    weights = np.random.default_rng(0).normal(size=len(names))
-    weights[0] = -1.0  # farther is worse, as every fitted model has it
-    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), weights,
-                       config.load("value"), {}).save(tmp_path / "value.json")
-    overrides = [*overrides, f"scoring.value_model={tmp_path / 'value.json'}"]
-    served = evaluate_ray("trajrag", "trajrag", scenes, episodes, tmp_path / "ray", overrides, workers=2,
-                          progress=False)
-    sim_cfg = config.load("sim", overrides)
-    local = evaluate_agent("trajrag", lambda: make_agent("trajrag", sim_cfg, overrides), GridSimulator(sim_cfg),
-                           episodes, scenes, tmp_path / "local", config.load("episodes", overrides), progress=False)
-    walks = {(r["scene_key"], r["episode_id"]): r["actions"]
-             for r in read_records(tmp_path / "local" / "trajrag" / "episodes.jsonl")}
-    records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
-    assert_each_once(records, planned)
-    assert all(r["actions"] == walks[(r["scene_key"], r["episode_id"])] for r in records)
-    assert (served["sr"], served["spl"]) == (local["sr"], local["spl"])
-
-
 def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 
@@ -159,6 +150,11 @@ def test_http_ingress_on_loopback_answers_like_the_handle(job):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(bad, timeout=60)
     assert err.value.code == 400 and "candidates" in err.value.read().decode()
+    without_features = {k: v for k, v in request.items() if k != "value_features"}
+    bad = urllib.request.Request(http_url(name, cfg), data=json.dumps(without_features).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:  # the app scores with a value model: it needs them
+        urllib.request.urlopen(bad, timeout=60)
+    assert err.value.code == 400 and "value_features" in err.value.read().decode()
 
 
 def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(job, tmp_path):

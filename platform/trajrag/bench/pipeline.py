@@ -132,10 +132,11 @@ def eval_throughput(planner: str, scenes: list, episodes: list, workers: list[in
 
 # -- Serve latency --------------------------------------------------------------------------------
 class RecordingPlanner:
-    """Wraps a planner and keeps the Serve decision request of every decision it makes."""
+    """Wraps a planner and keeps the Serve decision request of every decision it makes (with the
+    features of the app's frontier ``value`` model, when it has one)."""
 
-    def __init__(self, inner) -> None:
-        self.inner, self.name = inner, f"recording-{inner.name}"
+    def __init__(self, inner, value=None) -> None:
+        self.inner, self.name, self.value = inner, f"recording-{inner.name}", value
         self.requests: list[dict] = []
 
     def reset(self, goal: str, seed: int) -> None:
@@ -144,7 +145,7 @@ class RecordingPlanner:
     def choose(self, ctx) -> int:
         from trajrag.distributed.serve_planner import decision_request
 
-        self.requests.append(decision_request(ctx))
+        self.requests.append(decision_request(ctx, self.value))
         return self.inner.choose(ctx)
 
 
@@ -154,10 +155,13 @@ def record_decisions(scenes: list, episodes: list, overrides: list[str], at_leas
     from trajrag.agent.episode_runner import run_episode
     from trajrag.agent.navigator import make_navigator
     from trajrag.planners.frontier import NearestFrontierPlanner
+    from trajrag.planners.frontier_value import load_value_model
     from trajrag.world.sim import GridSimulator
 
     sim_cfg = config.load("sim", overrides)
-    planner = RecordingPlanner(NearestFrontierPlanner(config.load("navigator", overrides).frontier_hysteresis_m))
+    value = load_value_model(config.load("scoring", overrides).value_model, overrides)
+    planner = RecordingPlanner(NearestFrontierPlanner(config.load("navigator", overrides).frontier_hysteresis_m),
+                               value)
     agent = make_navigator(planner, sim_cfg, overrides)
     sim, by_name = GridSimulator(sim_cfg), {s.name: s for s in scenes}
     for episode in episodes:

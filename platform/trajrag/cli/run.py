@@ -87,7 +87,7 @@ def run_command(args: argparse.Namespace) -> int:
             corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
             seconds["corpus"] = time.perf_counter() - start
             start = time.perf_counter()
-            encoder = train_and_embed(cfg, store, model, overrides, say=say)
+            encoder = train_and_embed(cfg, store, model, overrides, say=say, corpus_grew=corpus["collected"] > 0)
             seconds["encoder"] = time.perf_counter() - start
         else:
             corpus = encoder = None
@@ -145,14 +145,20 @@ def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: boo
                                         "traj_per_s")}
 
 
-def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say) -> dict:
-    """Stage 2: train f_E (kept when ``model`` already holds one) and embed every chunk."""
+def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say, corpus_grew: bool) -> dict:
+    """Stage 2: train f_E (kept when ``model`` already holds one) and embed every chunk (kept,
+    with its recall report, when the model was kept and the corpus did not grow)."""
     from trajrag.encoder import EncoderError
     from trajrag.encoder.evaluate import embed_store, evaluate_encoder
     from trajrag.encoder.model import read_meta
     from trajrag.encoder.train import train_encoder
 
-    if not (Path(model) / "encoder.json").is_file():
+    report = Path(model).parent / "encoder_eval.json"
+    trained = (Path(model) / "encoder.json").is_file()
+    if trained and report.is_file() and not corpus_grew:
+        say(f"[2/5] encoder: keeping {model} and its embeddings ({report})")
+        return json.loads(report.read_text())
+    if not trained:
         say(f"[2/5] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
         train_encoder(store, model, workers=max(cfg.workers, 1),
                       overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
@@ -166,7 +172,7 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
     except EncoderError as exc:  # too small a corpus to measure recall: say so, still embed
         result = {"error": str(exc), "embedded_chunks": embed_store(store, model, overrides)}
         say(f"      held-out recall not measured: {exc}")
-    (Path(model).parent / "encoder_eval.json").write_text(json.dumps(result, indent=1))
+    report.write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -6,6 +6,9 @@ goal (hindsight in those homes), fits ``planners.frontier_value.FrontierValueMod
 the last ``value.held_out_share`` of the scenes, reports how it ranks the held-out decisions next
 to nearest frontier, then fits on every scene and writes the model. The scoring planner uses it
 with ``--set scoring.value_model=VALUE.json``.
+
+``--save-decisions D.npz`` keeps the walked decisions; ``--decisions D1.npz,D2.npz`` fits on kept
+ones instead of walking (several collections together: procedural and Gibson homes, say).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(configs/value.yaml held_out_share), report the held-out ranking next to nearest frontier "
         "(best-pick rate, regret in metres, Spearman rho with nearness to the goal), then fit on every "
         "scene and write the model (JSON). Use train scenes: never the scenes you evaluate on.")
-    fit.add_argument("--scenes", required=True, help=SCENES_HELP)
-    fit.add_argument("--episodes", required=True, help=EPISODES_HELP)
+    fit.add_argument("--scenes", help=SCENES_HELP)
+    fit.add_argument("--episodes", help=EPISODES_HELP)
+    fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "
+                     "(comma-separated .npz files; not with --scenes/--episodes)")
+    fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
     fit.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     add_override_arg(fit)
@@ -39,23 +45,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json)
+    if bool(args.decisions) == bool(args.scenes or args.episodes) or bool(args.scenes) != bool(args.episodes):
+        raise UserError("value fit needs either --scenes and --episodes (walk and collect) or --decisions (kept ones)")
+    if args.decisions and args.save_decisions:
+        raise UserError("--save-decisions keeps walked decisions: with --decisions there is nothing new to keep")
+    if args.decisions:
+        report = fit_value_from_files(args.decisions.split(","), args.out, args.overrides)
+    else:
+        report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
+                           save_decisions=args.save_decisions)
     print(json.dumps({"out": args.out, **report}))
     if not args.json:
         print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
     return 0
 
 
-def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True) -> dict:
-    """Collect the decisions, report the held-out ranking, fit on every scene and write ``out``;
-    returns the model's report (also stored in the file)."""
+def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True,
+              save_decisions: str | None = None) -> dict:
+    """Collect the decisions (kept in ``save_decisions`` when given), report the held-out ranking,
+    fit on every scene and write ``out``; returns the model's report (also stored in the file)."""
     from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
-    from trajrag.planners.frontier_value import fit_value_model, ranking_quality
+    from trajrag.planners.frontier_value import save_decisions as keep
     from trajrag.world.datasets import load_episodes, load_scenes
 
-    cfg = config.load("value", overrides)
-    audit = config.load("audit", overrides)
     episode_cfg = config.load("episodes", overrides)
     scenes = load_scenes(scenes_spec, overrides)
     episodes = load_episodes(episodes_spec, scenes, overrides)
@@ -63,20 +76,56 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
         raise UserError(f"no episodes in {episodes_spec!r} for {scenes_spec!r}")
     goals = list(episode_cfg.goal_categories)
     decisions, vocabulary = collect_value_decisions(scenes, episodes, goals, config.load("sim", overrides),
-                                                    episode_cfg, audit, cfg, overrides, progress=progress)
-    names = sorted({scene.name for scene in scenes})
+                                                    episode_cfg, config.load("audit", overrides),
+                                                    config.load("value", overrides), overrides, progress=progress)
+    if save_decisions:
+        keep(save_decisions, decisions, vocabulary, goals)
+    return fit_and_write(decisions, vocabulary, goals, out, overrides,
+                         {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec})
+
+
+def fit_value_from_files(paths: list[str], out: str, overrides: list[str]) -> dict:
+    """Fit on decisions kept by ``--save-decisions`` (every file with the same vocabulary and goals)."""
+    from trajrag.planners.frontier_value import ValueModelError, load_decisions
+
+    decisions: list = []
+    kinds = set()
+    for path in paths:
+        try:
+            kept, vocabulary, goals = load_decisions(path)
+        except FileNotFoundError:
+            raise UserError(f"no decisions file at {path}") from None
+        except ValueModelError as exc:
+            raise UserError(str(exc)) from None
+        decisions += kept
+        kinds.add((tuple(vocabulary), tuple(goals)))
+    if len(kinds) != 1:
+        raise UserError(f"the decisions files {paths} were collected with different vocabularies or goals")
+    vocabulary, goals = (list(k) for k in kinds.pop())
+    return fit_and_write(decisions, vocabulary, goals, out, overrides, {"decisions_files": paths})
+
+
+def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out: str, overrides: list[str],
+                  source: dict) -> dict:
+    """Report the held-out ranking (model fitted without the last ``held_out_share`` of the
+    scenes, next to nearest frontier), then fit on every scene and write ``out``."""
+    from trajrag import config
+    from trajrag.planners.frontier_value import fit_value_model, ranking_quality
+
+    cfg = config.load("value", overrides)
+    tolerance_m = config.load("audit", overrides).tolerance_m
+    names = sorted({d.scene for d in decisions})
     held_out = set(names[len(names) - math.ceil(len(names) * cfg.held_out_share):]) if len(names) > 1 else set()
     testing = [d for d in decisions if d.scene in held_out]
-    report = {"scenes": len(names), "episodes": len(episodes), "decisions": len(decisions),
-              "held_out_scenes": sorted(held_out)}
+    report = {"scenes": len(names), "decisions": len(decisions), "held_out_scenes": sorted(held_out)}
     try:
         if testing:
             model = fit_value_model([d for d in decisions if d.scene not in held_out], vocabulary, goals, cfg)
-            report["held_out"] = {"value": ranking_quality(testing, model.score, audit.tolerance_m),
-                                  "nearest_frontier": ranking_quality(testing, lambda x: -x[:, 0], audit.tolerance_m)}
+            report["held_out"] = {"value": ranking_quality(testing, model.score, tolerance_m),
+                                  "nearest_frontier": ranking_quality(testing, lambda x: -x[:, 0], tolerance_m)}
         model = fit_value_model(decisions, vocabulary, goals, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    model.report.update(report, scenes_spec=scenes_spec, episodes_spec=episodes_spec)
+    model.report.update(report, **source)
     model.save(out)
     return model.report

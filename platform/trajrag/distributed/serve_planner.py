@@ -81,11 +81,12 @@ class ServeUnavailableError(RuntimeError):
 
 
 # -- the wire format ------------------------------------------------------------------------------
-def decision_request(ctx: PlannerContext) -> dict:
+def decision_request(ctx: PlannerContext, value: Any = None) -> dict:
     """The JSON-safe request of one decision: the goal, the previous waypoint, the whole map
     (``MapPlace``, or ``None``) and, per candidate, its hypothetical trajectory, path length,
     geodesic distance to its frontier (``None`` = not found) and the frontier's centroid
-    (map-frame metres)."""
+    (map-frame metres). With the app's frontier ``value`` model, also ``value_features``: read
+    from this side's map, which the app never sees."""
     candidates = []
     for c in ctx.candidates:
         distance = float(ctx.frontier_distances[c.frontier_index])
@@ -95,8 +96,13 @@ def decision_request(ctx: PlannerContext) -> dict:
                            "frontier_xy": centroid.tolist()})
     waypoint = None if ctx.current_waypoint is None else np.asarray(ctx.current_waypoint, float).tolist()
     place = None if ctx.place is None else ctx.place.to_dict()
-    return {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint, "candidates": candidates,
-            "place": place}
+    request = {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint,
+               "candidates": candidates, "place": place}
+    if value is not None:
+        from trajrag.planners.frontier_value import candidate_features
+
+        request["value_features"] = candidate_features(ctx, value.goals, value.config).tolist()
+    return request
 
 
 def value_features_from_request(request: Mapping[str, Any], value: Any) -> np.ndarray | None:
@@ -457,11 +463,7 @@ class RemotePlanner:
                 "serve_retries": self.retries, "fallbacks": 0}
 
     def choose(self, ctx: PlannerContext) -> int:
-        payload = {**decision_request(ctx), "goal_points": self.goal_points}
-        if self.value is not None:
-            from trajrag.planners.frontier_value import candidate_features
-
-            payload["value_features"] = candidate_features(ctx, self.value.goals, self.value.config).tolist()
+        payload = {**decision_request(ctx, self.value), "goal_points": self.goal_points}
         answer = self.request(payload)
         self.goal_points = answer.get("goal_points") or self.goal_points
         choice = int(answer["choice"])

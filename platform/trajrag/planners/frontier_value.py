@@ -28,6 +28,7 @@ pickle.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -70,6 +71,51 @@ class ValueDecision:
     goal: str
     features: np.ndarray
     cost_m: np.ndarray
+
+
+DECISIONS_FORMAT = "trajrag-value-decisions/1"
+
+
+def save_decisions(path: str | Path, decisions: Sequence[ValueDecision], vocabulary: Sequence[str],
+                   goals: Sequence[str]) -> None:
+    """Write collected decisions (``.npz``, plain arrays: read back without pickle) so a model can
+    be fitted again, or on several collections together, without walking the episodes again."""
+    sizes = np.array([len(d.cost_m) for d in decisions], dtype=np.int64)
+    width = len(feature_names(vocabulary, goals))
+    features = np.vstack([d.features for d in decisions]) if decisions else np.zeros((0, width))
+    costs = np.concatenate([d.cost_m for d in decisions]) if decisions else np.zeros(0)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:  # a file object: np.savez would add ".npz" to another suffix
+        np.savez_compressed(f, format=np.array(DECISIONS_FORMAT), vocabulary=np.array(list(vocabulary), dtype=str),
+                            goals=np.array(list(goals), dtype=str),
+                            scene=np.array([d.scene for d in decisions], dtype=str),
+                            goal=np.array([d.goal for d in decisions], dtype=str), sizes=sizes,
+                            features=features.astype(np.float64), cost_m=costs.astype(np.float64))
+
+
+def load_decisions(path: str | Path) -> tuple[list[ValueDecision], list[str], list[str]]:
+    """(decisions, vocabulary, goals) written by ``save_decisions``; ``ValueModelError`` naming the
+    file when it is not such a file or its arrays do not fit together."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["format"]) != DECISIONS_FORMAT:
+                raise ValueError(f"format {str(data['format'])!r}, expected {DECISIONS_FORMAT!r}")
+            arrays = {key: data[key] for key in ("vocabulary", "goals", "scene", "goal", "sizes", "features", "cost_m")}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueModelError(f"{path}: not a value decisions file ({err})") from None
+    vocabulary, goals = [str(v) for v in arrays["vocabulary"]], [str(g) for g in arrays["goals"]]
+    sizes, features, costs = arrays["sizes"], arrays["features"], arrays["cost_m"]
+    n = len(sizes)
+    if (len(arrays["scene"]) != n or len(arrays["goal"]) != n or (sizes < 1).any() or features.ndim != 2
+            or features.shape != (int(sizes.sum()), len(feature_names(vocabulary, goals))) or len(costs) != len(features)):
+        raise ValueModelError(f"{path}: a corrupted value decisions file (its arrays do not fit together)")
+    bounds = np.cumsum(np.concatenate([[0], sizes]))
+    decisions = [ValueDecision(scene=str(arrays["scene"][i]), goal=str(arrays["goal"][i]),
+                               features=features[bounds[i]:bounds[i + 1]], cost_m=costs[bounds[i]:bounds[i + 1]])
+                 for i in range(n)]
+    return decisions, vocabulary, goals
 
 
 def feature_names(vocabulary: Sequence[str], goals: Sequence[str]) -> list[str]:
