@@ -8,7 +8,6 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
