@@ -17,6 +17,7 @@ from trajrag.planners.frontier_value import (
     load_decisions,
     ranking_quality,
     save_decisions,
+    save_experience,
 )
 
 VOCABULARY = ["toilet", "bed", "sink", "wardrobe"]
@@ -58,8 +59,8 @@ def _fit(decisions):
 def test_the_value_learns_which_object_leads_to_which_goal_and_beats_nearest_frontier():
     model = _fit(_decisions(300, seed=0))
     held_out = _decisions(200, seed=1)
-    value = ranking_quality(held_out, model.score, tolerance_m=0.25)
-    nearest = ranking_quality(held_out, lambda x: -x[:, 0], tolerance_m=0.25)
+    value = ranking_quality(held_out, lambda x, goal: model.score(x), tolerance_m=0.25)
+    nearest = ranking_quality(held_out, lambda x, goal: -x[:, 0], tolerance_m=0.25)
     assert value["best_rate"] > 0.9 and value["best_rate"] > nearest["best_rate"] + 0.3
     assert value["regret_m"] < nearest["regret_m"]
     w = dict(zip(model.feature_names, model.weights))
@@ -117,7 +118,7 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
                  *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)]]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["decisions"] > 5 and report["held_out_scenes"] == ["procedural/train/0001"]
-    assert set(report["held_out"]) == {"value", "nearest_frontier"}
+    assert set(report["held_out"]) == {"value", "value_and_experience", "nearest_frontier"}
     assert 0.0 <= report["held_out"]["value"]["best_rate"] <= 1.0
     model = FrontierValueModel.load(out)
     assert model.goals == list(config.load("episodes").goal_categories)
@@ -136,10 +137,34 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert runs["value"]["episodes"] == runs["trajrag"]["episodes"] == 1
     records = [json.loads(line) for line in (tmp_path / "eval" / "trajrag" / "episodes.jsonl").open()]
-    assert all("value" in d["terms"] for r in records for d in r["decisions"])  # the term is in the score
+    assert all({"value", "experience"} <= set(d["terms"]) for r in records for d in r["decisions"])  # in the score
 
 
 def test_the_value_planner_without_a_model_says_how_to_make_one(tmp_path, capsys):
     code = main(["eval", "--planner", "value", "--scenes", "procedural:val:1", "--episodes", "generated:1",
                  "--out", str(tmp_path), "--json"])
     assert code == 2 and "trajrag value fit" in capsys.readouterr().err
+
+
+def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(tmp_path):
+    from trajrag.planners.scoring import ScoringPlanner
+    from trajrag.retrieval.experience import ExperienceError, ExperienceIndex, experience_path
+
+    model = _fit(_decisions(300, seed=0))
+    path = tmp_path / "value.json"
+    model.save(path)
+    assert save_experience(model, _decisions(300, seed=5), path) > 300
+    model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), k=16)
+    held_out = _decisions(100, seed=6)
+    # the retrieved past candidates of the best frontier were behind less than those of the others
+    wins = [int(np.argmin(model.experience_advantage(d.features, d.goal))) == int(np.argmin(d.cost_m))
+            for d in held_out]
+    assert np.mean(wins) > 0.8
+    assert not model.experience_advantage(held_out[0].features, "sofa").any()  # a goal never walked: no penalty
+    with pytest.raises(ExperienceError, match="another model"):
+        ExperienceIndex(experience_path(path), len(model.feature_names) + 1, k=16)
+    with pytest.raises(ExperienceError, match="trajrag value fit"):
+        ExperienceIndex(tmp_path / "nothing.experience", len(model.feature_names), k=16)
+    model.experience = None  # a model file without its table, while the experience weight is on
+    with pytest.raises(ExperienceError, match="w_experience=0"):
+        ScoringPlanner(None, config.load("scoring"), model)

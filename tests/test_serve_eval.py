@@ -53,20 +53,26 @@ def serve_clean(ray_session):
 
 @pytest.fixture(scope="module")
 def value_model(tmp_path_factory) -> str:
-    """A frontier value model (random weights, farther worse) for the planner app to score with:
-    the app has no map, so the evaluator must send the value features with each request."""
+    """A frontier value model (random weights, farther worse) and its experience table for the
+    planner app to score with: the app has no map, so the evaluator must send the value features
+    with each request."""
     import numpy as np
 
-    from trajrag.planners.frontier_value import FrontierValueModel, feature_names
+    from trajrag.planners.frontier_value import FrontierValueModel, ValueDecision, feature_names, save_experience
 
     vocabulary = list(config.load("navigator").vocabulary)
     goals = list(config.load("episodes").goal_categories)
     names = feature_names(vocabulary, goals)
-    weights = np.random.default_rng(0).normal(size=len(names))
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=len(names))
     weights[0] = -1.0  # farther is worse, as every fitted model has it
     path = tmp_path_factory.mktemp("value") / "value.json"
-    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), weights,
-                       config.load("value"), {}).save(path)
+    model = FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), weights,
+                               config.load("value"), {})
+    model.save(path)
+    past = [ValueDecision("home", goal, rng.normal(size=(3, len(names))), rng.uniform(1.0, 9.0, size=3))
+            for goal in goals for _ in range(20)]  # and an experience table for the app to search
+    save_experience(model, past, path)
     return str(path)
 
 

@@ -107,25 +107,48 @@ def fit_value_from_files(paths: list[str], out: str, overrides: list[str]) -> di
 
 def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out: str, overrides: list[str],
                   source: dict) -> dict:
-    """Report the held-out ranking (model fitted without the last ``held_out_share`` of the
-    scenes, next to nearest frontier), then fit on every scene and write ``out``."""
+    """Report the held-out ranking (model and experience from all but the last
+    ``held_out_share`` of the scenes, next to nearest frontier), then fit on every scene and write
+    ``out`` and its experience table."""
     from trajrag import config
-    from trajrag.planners.frontier_value import fit_value_model, ranking_quality
+    from trajrag.planners.frontier_value import fit_value_model, save_experience
 
     cfg = config.load("value", overrides)
-    tolerance_m = config.load("audit", overrides).tolerance_m
     names = sorted({d.scene for d in decisions})
     held_out = set(names[len(names) - math.ceil(len(names) * cfg.held_out_share):]) if len(names) > 1 else set()
     testing = [d for d in decisions if d.scene in held_out]
     report = {"scenes": len(names), "decisions": len(decisions), "held_out_scenes": sorted(held_out)}
     try:
         if testing:
-            model = fit_value_model([d for d in decisions if d.scene not in held_out], vocabulary, goals, cfg)
-            report["held_out"] = {"value": ranking_quality(testing, model.score, tolerance_m),
-                                  "nearest_frontier": ranking_quality(testing, lambda x: -x[:, 0], tolerance_m)}
+            training = [d for d in decisions if d.scene not in held_out]
+            report["held_out"] = held_out_ranking(fit_value_model(training, vocabulary, goals, cfg), training,
+                                                  testing, overrides)
         model = fit_value_model(decisions, vocabulary, goals, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    model.report.update(report, **source)
+    model.report.update(report, **source, experience_rows=save_experience(model, decisions, out))
     model.save(out)
     return model.report
+
+
+def held_out_ranking(model, training: list, testing: list, overrides: list[str]) -> dict:
+    """Best-pick rate, regret and rho on the held-out decisions: nearest frontier, the value,
+    and the value with the experience of the training decisions (``scoring.w_experience``)."""
+    import tempfile
+
+    from trajrag import config
+    from trajrag.planners.frontier_value import ranking_quality, save_experience
+    from trajrag.retrieval.experience import ExperienceIndex, experience_path
+
+    tolerance_m = config.load("audit", overrides).tolerance_m
+    scoring = config.load("scoring", overrides)
+    ranking = {"nearest_frontier": ranking_quality(testing, lambda x, goal: -x[:, 0], tolerance_m),
+               "value": ranking_quality(testing, lambda x, goal: model.score(x), tolerance_m)}
+    with tempfile.TemporaryDirectory() as scratch:
+        path = f"{scratch}/held-out.json"
+        save_experience(model, training, path)
+        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k)
+        ranking["value_and_experience"] = ranking_quality(
+            testing, lambda x, goal: model.score(x) - scoring.w_experience * model.experience_advantage(x, goal),
+            tolerance_m)
+    return ranking

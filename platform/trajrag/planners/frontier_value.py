@@ -38,6 +38,7 @@ from scipy.ndimage import uniform_filter
 from scipy.optimize import minimize
 
 from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus, worst_known
+from trajrag.retrieval.experience import ExperienceError, ExperienceIndex, experience_path, write_experience
 
 GEOMETRY_FEATURES = ("distance_m", "log_frontier_length_m", "unknown_share", "outwardness_m", "straight_m",
                      "detour_m")
@@ -58,6 +59,7 @@ class ValueConfig:
     l2: float
     max_iterations: int
     held_out_share: float
+    experience_cap_m: float
 
 
 @dataclass
@@ -168,10 +170,28 @@ class FrontierValueModel:
     weights: np.ndarray
     config: ValueConfig
     report: dict
+    # The past candidates the model was fitted on, searchable (``retrieval.experience``; loaded
+    # by ``load_value_model`` when the table exists beside the file, never saved in it).
+    experience: Optional[ExperienceIndex] = None
+
+    def standardise(self, features: np.ndarray) -> np.ndarray:
+        return (np.asarray(features, dtype=float) - self.mean) / self.scale
 
     def score(self, features: np.ndarray) -> np.ndarray:
         """float (C,): the value of each candidate (higher = leads to the goal sooner)."""
-        return ((np.asarray(features, dtype=float) - self.mean) / self.scale) @ self.weights
+        return self.standardise(features) @ self.weights
+
+    def require_experience(self) -> ExperienceIndex:
+        """The experience table; ``ExperienceError`` saying what to do when there is none."""
+        if self.experience is None:
+            raise ExperienceError("this frontier value model has no experience table beside it: fit it again with "
+                                  "`trajrag value fit`, or set scoring.w_experience=0")
+        return self.experience
+
+    def experience_advantage(self, features: np.ndarray, goal: str) -> np.ndarray:
+        """float (C,): metres the past candidates most like each one were behind their decision's
+        best (``ExperienceIndex.advantage``)."""
+        return self.require_experience().advantage(self.standardise(features), goal)
 
     @property
     def per_metre(self) -> float:
@@ -262,20 +282,32 @@ def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str
 
 
 def ranking_quality(decisions: Sequence[ValueDecision], scorer, tolerance_m: float) -> dict:
-    """How well ``scorer(features) -> scores`` ranks each decision's candidates by true cost:
+    """How well ``scorer(features, goal) -> scores`` ranks each decision's candidates by true cost:
     the best-pick rate (within ``tolerance_m``), the mean regret (metres) and the mean Spearman
     correlation of score with lower cost (decisions with three or more known candidates)."""
     from scipy.stats import spearmanr
 
     best, regret, rhos = [], [], []
     for d in usable(decisions):
-        scores = np.asarray(scorer(d.features), dtype=float)
+        scores = np.asarray(scorer(d.features, d.goal), dtype=float)
         cost = worst_known(d.cost_m)
         regret.append(float(cost[int(np.argmax(scores))] - cost.min()))
         best.append(regret[-1] <= tolerance_m)
         if len(cost) >= 3 and np.isfinite(d.cost_m).all() and np.ptp(scores) > 0 and np.ptp(cost) > 0:
             rhos.append(float(spearmanr(scores, -cost)[0]))
     return {"decisions": len(best), "best_rate": _mean(best), "regret_m": _mean(regret), "rho": _mean(rhos)}
+
+
+def save_experience(model: FrontierValueModel, decisions: Sequence[ValueDecision], model_path: str | Path) -> int:
+    """Write the experience table beside ``model_path``: every usable decision's candidates,
+    standardised with ``model``, with their advantage (metres behind the decision's best, capped
+    at ``experience_cap_m``). Returns the row count."""
+    decisions = usable(decisions)
+    goals = [d.goal for d in decisions for _ in range(len(d.cost_m))]
+    vectors = model.standardise(np.vstack([d.features for d in decisions]))
+    behind = [worst_known(d.cost_m) - worst_known(d.cost_m).min() for d in decisions]
+    advantage = np.minimum(np.concatenate(behind), model.config.experience_cap_m)
+    return write_experience(experience_path(model_path), goals, vectors, advantage)
 
 
 def _mean(values: list) -> Optional[float]:
@@ -291,26 +323,34 @@ def load_value_model(path: str, overrides: Sequence[str] = ()) -> Optional[Front
 
     model = FrontierValueModel.load(path)
     model.check_vocabulary(config.load("navigator", overrides).vocabulary)
+    if experience_path(path).exists():
+        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names),
+                                           config.load("scoring", overrides).experience_k)
     return model
 
 
 class FrontierValuePlanner:
-    """``--planner value``: the frontier value alone, no retrieval (the ablation of the scoring
-    planner's value term): the best ``score`` plus the nearest-frontier hysteresis, in metres
-    converted by the model's own price of a metre."""
+    """``--planner value``: the frontier value without trajectory retrieval (the ablation of the
+    scoring planner's value and experience terms): the best ``score`` minus ``w_experience``
+    times the retrieved past candidates' metres behind (0: the linear value alone), plus the
+    nearest-frontier hysteresis in metres converted by the model's own price of a metre."""
 
     name = "value"
 
-    def __init__(self, model: FrontierValueModel, hysteresis_m: float) -> None:
+    def __init__(self, model: FrontierValueModel, hysteresis_m: float, w_experience: float = 0.0) -> None:
         self.model = model
         self.hysteresis_m = hysteresis_m
+        self.w_experience = w_experience
         self.last_scores: Optional[np.ndarray] = None
 
     def reset(self, goal: str, seed: int) -> None:
         pass
 
     def choose(self, ctx: PlannerContext) -> int:
-        scores = self.model.score(candidate_features(ctx, self.model.goals, self.model.config))
+        features = candidate_features(ctx, self.model.goals, self.model.config)
+        scores = self.model.score(features)
+        if self.w_experience > 0:
+            scores = scores - self.w_experience * self.model.experience_advantage(features, ctx.goal)
         self.last_scores = scores + hysteresis_bonus(ctx, self.hysteresis_m, self.model.per_metre)
         return int(np.argmax(self.last_scores))
 
@@ -325,5 +365,8 @@ def make_value_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
         raise ValueModelError("the value planner needs a model: --set scoring.value_model=VALUE.json "
                               "(written by `trajrag value fit`)")
     model = load_value_model(path, overrides)
-    return make_navigator(FrontierValuePlanner(model, config.load("navigator", overrides).frontier_hysteresis_m),
-                          sim_cfg, overrides, seed)
+    w_experience = config.load("scoring", overrides).w_experience
+    if w_experience > 0:
+        model.require_experience()
+    planner = FrontierValuePlanner(model, config.load("navigator", overrides).frontier_hysteresis_m, w_experience)
+    return make_navigator(planner, sim_cfg, overrides, seed)

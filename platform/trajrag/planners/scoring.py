@@ -16,10 +16,12 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
 
 * **value** (with ``scoring.value_model``): the frontier value learned from past decisions in
   the memory's homes (``planners.frontier_value``): what the objects mapped around a frontier,
-  the unknown space behind it and its distance say about the way to this goal.
+  the unknown space behind it and its distance say about the way to this goal;
+* **experience** (with the value model's experience table): the metres the past candidates
+  most like this one were behind their decision's best (``retrieval.experience``), retrieved.
 
-score = w_similarity * similarity + w_context * context + w_value * value - w_distance_per_m *
-distance. With both experience weights at 0 and no value model this is the nearest-frontier
+score = w_similarity * similarity + w_context * context + w_value * value - w_experience *
+behind - w_distance_per_m * distance. With both experience weights at 0 and no value model this is the nearest-frontier
 planner. While goal points are projected, the two experience terms are scaled by
 ``w_priors_with_goal_points`` (0: the way to the remembered goal alone decides).
 """
@@ -50,6 +52,8 @@ class ScoringConfig:
     w_priors_with_goal_points: float
     value_model: str
     w_value: float
+    w_experience: float
+    experience_k: int
 
 
 class ScoringPlanner(RetrievalTimings):
@@ -67,6 +71,8 @@ class ScoringPlanner(RetrievalTimings):
         self.retriever = retriever
         self.cfg = cfg
         self.value = value
+        if value is not None and cfg.w_experience > 0 and value.experience is None:
+            value.require_experience()
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
         self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
@@ -123,6 +129,10 @@ class ScoringPlanner(RetrievalTimings):
             scores = scores + cfg.w_value * value
             per_metre += cfg.w_value * self.value.per_metre
             self.last_terms["value"] = value
+            if cfg.w_experience > 0:
+                behind = self.value.experience_advantage(value_features, ctx.goal)
+                scores = scores - cfg.w_experience * behind
+                self.last_terms["experience"] = -behind
         # keep the previous target unless it is clearly worse
         return scores + hysteresis_bonus(ctx, cfg.hysteresis_m, per_metre)
 

@@ -1,0 +1,93 @@
+"""Past frontier decisions, retrieved: how did candidates like this one turn out?
+
+``trajrag value fit`` walks train homes and labels every candidate of every decision with its
+true cost to the goal through its frontier (hindsight in those homes). Besides the fitted value
+(a linear score, ``planners.frontier_value``), it keeps those candidates in a LanceDB table:
+one row per candidate, its feature vector standardised with the value model's mean and scale,
+its goal category and its *advantage*: the metres it was behind the best candidate of its
+decision (0 for the best one, capped at ``value.experience_cap_m``).
+
+At a decision, ``ExperienceIndex.advantage`` retrieves, for each candidate, the
+``value.experience_k`` nearest past candidates searched for the same goal (one multi-vector
+LanceDB query, L2 in the standardised feature space) and returns their mean advantage: the
+metres a candidate like this one was typically behind the best. The scoring planner subtracts
+``w_experience`` times it. It is non-parametric: it sees what the linear value cannot (a small
+frontier far away *and* opening on unknown space) and grows with every walk collected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+TABLE = "frontier_candidates"
+VECTOR = "vector"
+
+
+class ExperienceError(ValueError):
+    """The experience table is missing, damaged, or was written for another value model."""
+
+
+def experience_path(value_model: str | Path) -> Path:
+    """Where the experience of a value model file lives: ``VALUE.experience`` beside ``VALUE.json``."""
+    path = Path(value_model)
+    return path.with_name(path.stem + ".experience")
+
+
+def write_experience(path: str | Path, goals: list[str], vectors: np.ndarray, advantage_m: np.ndarray) -> int:
+    """Replace the table at ``path`` with one row per candidate: its goal, its standardised
+    feature vector (float32) and its advantage in metres. Returns the row count."""
+    import lancedb
+
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if not (len(goals) == len(vectors) == len(advantage_m)) or vectors.ndim != 2:
+        raise ExperienceError("experience rows: goals, vectors and advantages must have one entry per candidate")
+    rows = pa.table({"goal": pa.array(goals, pa.string()),
+                     VECTOR: pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
+                     "advantage_m": pa.array(np.asarray(advantage_m, dtype=np.float32))})
+    lancedb.connect(str(path)).create_table(TABLE, rows, mode="overwrite")
+    return len(vectors)
+
+
+class ExperienceIndex:
+    """The experience table of one value model, searched per decision (module docstring)."""
+
+    def __init__(self, path: str | Path, width: int, k: int) -> None:
+        import lancedb
+
+        self.path, self.k = Path(path), int(k)
+        if self.k < 1:
+            raise ExperienceError(f"value.experience_k must be >= 1, got {k}")
+        try:
+            self.table = lancedb.connect(str(self.path)).open_table(TABLE)
+            field = self.table.schema.field(VECTOR)
+        except (FileNotFoundError, ValueError, KeyError, OSError) as err:
+            raise ExperienceError(f"{self.path}: no frontier experience table there ({err}); write it with "
+                                  "`trajrag value fit`, or set scoring.w_experience=0") from None
+        if field.type.list_size != width:
+            raise ExperienceError(f"{self.path}: vectors of {field.type.list_size} features, the value model has "
+                                  f"{width}: the table belongs to another model; fit it again with `trajrag value fit`")
+        goal_rows = self.table.search().select(["goal"]).limit(None).to_arrow().column("goal")
+        self.goals = set(goal_rows.unique().to_pylist())
+        self.rows = len(goal_rows)
+
+    def advantage(self, vectors: np.ndarray, goal: str) -> np.ndarray:
+        """float (C,): for each standardised candidate vector, the mean advantage (metres behind
+        the best) of its ``k`` nearest past candidates with the same goal; 0 for a goal never
+        seen in the table (no experience: no penalty)."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        out = np.zeros(len(vectors))
+        if goal not in self.goals or not len(vectors):
+            return out
+        quoted = goal.replace("'", "''")
+        result = (self.table.search(vectors if len(vectors) > 1 else vectors[0], vector_column_name=VECTOR)
+                  .distance_type("l2").where(f"goal = '{quoted}'", prefilter=True).bypass_vector_index()
+                  .select(["advantage_m", "_distance"]).limit(self.k).to_arrow())
+        index = (result.column("query_index").to_numpy() if "query_index" in result.column_names
+                 else np.zeros(result.num_rows, dtype=np.int64))
+        advantage = result.column("advantage_m").to_numpy().astype(float)
+        sums = np.bincount(index, weights=advantage, minlength=len(vectors))
+        counts = np.bincount(index, minlength=len(vectors))
+        return np.divide(sums, counts, out=out, where=counts > 0)
