@@ -168,3 +168,12 @@ def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(t
     model.experience = None  # a model file without its table, while the experience weight is on
     with pytest.raises(ExperienceError, match="w_experience=0"):
         ScoringPlanner(None, config.load("scoring"), model)
+
+
+def test_experience_bench_finds_exactly_what_numpy_finds(capsys):
+    assert main(["bench", "experience", "--chunks", "3000", "--json", "--set", "experience_bench.decisions=20",
+                 "--set", "experience_bench.warmup=2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["experience_rows"] == 3000 and out["decisions"] == 20 and out["k"] == config.load("scoring").experience_k
+    assert out["agreement"] == 1.0  # the goal-prefiltered LanceDB search is exact
+    assert out["experience_ms_p50"] > 0 and out["numpy_exact_ms_p50"] > 0

@@ -41,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "corpus_job": "trajrag.distributed.corpus:CorpusJobConfig",
     "pipeline_bench": "trajrag.bench.pipeline:PipelineBenchConfig",
     "scale_bench": "trajrag.bench.scale:ScaleBenchConfig",
+    "experience_bench": "trajrag.bench.experience:ExperienceBenchConfig",
     "llm": "trajrag.planners.llm:LLMConfig",
     "retrieval": "trajrag.retrieval.retriever:RetrievalConfig",
     "scoring": "trajrag.planners.scoring:ScoringConfig",

@@ -19,6 +19,8 @@ BENCHES: dict[str, str] = {
     "pipeline": "trajrag.bench.pipeline:run",
     # LanceDB store of --chunks N chunks: size, fine-stage ANN latency and recall@10 (issue 7)
     "scale": "trajrag.bench.scale:run",
+    # the retrieved-experience lookup per decision on --chunks N past candidates, LanceDB vs numpy
+    "experience": "trajrag.bench.experience:run",
 }
 
 
