@@ -265,11 +265,12 @@ def test_scoring_planner_follows_experience_and_reduces_to_nearest_frontier():
     ctx = _context(candidates, [2.0, 4.0])
     retriever = _FixedRetriever([_experience("toilet", [0, 1, 1])])
     cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=1.0, end_nodes=2,
-                        keep_goal_points=True, w_priors_with_goal_points=1.0, value_model="", w_value=1.0)
+                        keep_goal_points=True, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
+                        w_experience=0.0, experience_k=1)
     planner = ScoringPlanner(retriever, cfg)
     assert planner.choose(ctx) == 1  # the sink side, worth a 2 m detour
     assert planner.last_retrieval is not None and len(planner.episode_stats()["retrieval_ms"]) == 1
-    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2, True, 1.0, "", 1.0))
+    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2, True, 1.0, "", 1.0, 0.0, 1))
     assert blind.choose(ctx) == NearestFrontierPlanner(0.0).choose(ctx) == 0
 
 
@@ -277,7 +278,8 @@ def test_scoring_planner_walks_towards_a_projected_goal_only_when_there_is_one()
     candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
     ctx = _context(candidates, [2.0, 2.5])
     cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2,
-                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0)
+                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
+                        w_experience=0.0, experience_k=1)
 
     class _Projecting(_FixedRetriever):
         def __init__(self, points):
@@ -319,7 +321,8 @@ def test_a_projected_goal_point_can_outrank_the_retrieved_priors():
             return replace(super().retrieve(trajectories, goal), goal_points=np.array([[5.0, 0.0]]))
 
     cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2,
-                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0)
+                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
+                        w_experience=0.0, experience_k=1)
     assert ScoringPlanner(_Projecting(experiences), cfg).choose(ctx) == 0  # the priors win
     trusting = replace(cfg, w_priors_with_goal_points=0.0)
     assert ScoringPlanner(_Projecting(experiences), trusting).choose(ctx) == 1  # the way to the goal
