@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hindsight, as for the corpus's oracle walks). Fit on all but the held-out scenes "
         "(configs/value.yaml held_out_share), report the held-out ranking next to nearest frontier "
         "(best-pick rate, regret in metres, Spearman rho with nearness to the goal), then fit on every "
-        "scene and write the model (JSON). Use train scenes: never the scenes you evaluate on.")
+        "scene and write the model (JSON) and, beside it, its experience table (VALUE.experience, LanceDB: "
+        "every candidate seen, searched by the scoring planner's experience term). Use train scenes: never "
+        "the scenes you evaluate on.")
     fit.add_argument("--scenes", help=SCENES_HELP)
     fit.add_argument("--episodes", help=EPISODES_HELP)
     fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "
