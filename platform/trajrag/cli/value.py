@@ -151,6 +151,5 @@ def held_out_ranking(model, training: list, testing: list, overrides: list[str])
         save_experience(model, training, path)
         model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k)
         ranking["value_and_experience"] = ranking_quality(
-            testing, lambda x, goal: model.score(x) - scoring.w_experience * model.experience_advantage(x, goal),
-            tolerance_m)
+            testing, lambda x, goal: model.score_with_experience(x, goal, scoring.w_experience), tolerance_m)
     return ranking

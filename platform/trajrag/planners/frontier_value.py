@@ -193,6 +193,12 @@ class FrontierValueModel:
         best (``ExperienceIndex.advantage``)."""
         return self.require_experience().advantage(self.standardise(features), goal)
 
+    def score_with_experience(self, features: np.ndarray, goal: str, w_experience: float) -> np.ndarray:
+        """float (C,): ``score`` minus ``w_experience`` times ``experience_advantage`` (the value
+        alone at 0, without touching the table)."""
+        scores = self.score(features)
+        return scores - w_experience * self.experience_advantage(features, goal) if w_experience > 0 else scores
+
     @property
     def per_metre(self) -> float:
         """Score lost per metre of distance to the frontier (the planner's hysteresis scale)."""
@@ -305,7 +311,7 @@ def save_experience(model: FrontierValueModel, decisions: Sequence[ValueDecision
     decisions = usable(decisions)
     goals = [d.goal for d in decisions for _ in range(len(d.cost_m))]
     vectors = model.standardise(np.vstack([d.features for d in decisions]))
-    behind = [worst_known(d.cost_m) - worst_known(d.cost_m).min() for d in decisions]
+    behind = [cost - cost.min() for cost in (worst_known(d.cost_m) for d in decisions)]
     advantage = np.minimum(np.concatenate(behind), model.config.experience_cap_m)
     return write_experience(experience_path(model_path), goals, vectors, advantage)
 
@@ -338,6 +344,8 @@ class FrontierValuePlanner:
     name = "value"
 
     def __init__(self, model: FrontierValueModel, hysteresis_m: float, w_experience: float = 0.0) -> None:
+        if w_experience > 0:
+            model.require_experience()  # no table: say so before the first episode
         self.model = model
         self.hysteresis_m = hysteresis_m
         self.w_experience = w_experience
@@ -348,9 +356,7 @@ class FrontierValuePlanner:
 
     def choose(self, ctx: PlannerContext) -> int:
         features = candidate_features(ctx, self.model.goals, self.model.config)
-        scores = self.model.score(features)
-        if self.w_experience > 0:
-            scores = scores - self.w_experience * self.model.experience_advantage(features, ctx.goal)
+        scores = self.model.score_with_experience(features, ctx.goal, self.w_experience)
         self.last_scores = scores + hysteresis_bonus(ctx, self.hysteresis_m, self.model.per_metre)
         return int(np.argmax(self.last_scores))
 
@@ -364,9 +370,7 @@ def make_value_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
     if not path:
         raise ValueModelError("the value planner needs a model: --set scoring.value_model=VALUE.json "
                               "(written by `trajrag value fit`)")
-    model = load_value_model(path, overrides)
-    w_experience = config.load("scoring", overrides).w_experience
-    if w_experience > 0:
-        model.require_experience()
-    planner = FrontierValuePlanner(model, config.load("navigator", overrides).frontier_hysteresis_m, w_experience)
+    planner = FrontierValuePlanner(load_value_model(path, overrides),
+                                   config.load("navigator", overrides).frontier_hysteresis_m,
+                                   config.load("scoring", overrides).w_experience)
     return make_navigator(planner, sim_cfg, overrides, seed)

@@ -71,8 +71,8 @@ class ScoringPlanner(RetrievalTimings):
         self.retriever = retriever
         self.cfg = cfg
         self.value = value
-        if value is not None and cfg.w_experience > 0 and value.experience is None:
-            value.require_experience()
+        if value is not None and cfg.w_experience > 0:
+            value.require_experience()  # no table: say so before the first episode
         self.last_retrieval: DecisionRetrieval | None = None
         self.last_scores: np.ndarray | None = None
         self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
