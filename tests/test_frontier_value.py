@@ -111,12 +111,21 @@ def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_
         _fit([blind])
 
 
-def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory):
+def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory, ray_session):
     out, kept = tmp_path / "value.json", tmp_path / "decisions.npz"
-    assert main(["value", "fit", "--scenes", "procedural:train:2", "--episodes", "generated:1", "--out", str(out),
-                 "--save-decisions", str(kept), "--json",
-                 *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)]]) == 0
+    walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1",
+            *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)]]
+    assert main(["value", "fit", *walk, "--out", str(out), "--save-decisions", str(kept), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    # The same walks as Ray tasks (one per scene, on the running Ray): the same decisions, in order.
+    assert main(["value", "fit", *walk, "--workers", "2", "--out", str(tmp_path / "ray.json"),
+                 "--save-decisions", str(tmp_path / "ray.npz"), "--json"]) == 0
+    capsys.readouterr()
+    (walked, vocabulary, _), (on_ray, ray_vocabulary, _) = load_decisions(kept), load_decisions(tmp_path / "ray.npz")
+    assert ray_vocabulary == vocabulary and [d.scene for d in on_ray] == [d.scene for d in walked]
+    for a, b in zip(walked, on_ray, strict=True):
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.cost_m, b.cost_m)
     assert report["decisions"] > 5 and report["held_out_scenes"] == ["procedural/train/0001"]
     assert set(report["held_out"]) == {"value", "value_and_experience", "nearest_frontier"}
     assert 0.0 <= report["held_out"]["value"]["best_rate"] <= 1.0

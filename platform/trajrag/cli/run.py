@@ -185,7 +185,8 @@ def fit_value_stage(cfg: RunConfig, value: str, overrides: list[str], progress: 
         say(f"[3/5] value: keeping {value}")
         return FrontierValueModel.load(value).report
     say(f"[3/5] value: nearest-frontier decisions, {cfg.value_episodes} x {cfg.corpus_scenes} -> {value}")
-    report = fit_value(cfg.corpus_scenes, cfg.value_episodes, value, overrides, progress=progress)
+    report = fit_value(cfg.corpus_scenes, cfg.value_episodes, value, overrides, progress=progress,
+                       workers=cfg.workers)
     held_out = report.get("held_out")
     if held_out:
         say("      held-out best pick: value {:.3f}, nearest frontier {:.3f}".format(

@@ -9,14 +9,18 @@ with ``--set scoring.value_model=VALUE.json``.
 
 ``--save-decisions D.npz`` keeps the walked decisions; ``--decisions D1.npz,D2.npz`` fits on kept
 ones instead of walking (several collections together: procedural and Gibson homes, say).
+``--workers N`` walks the scenes as parallel Ray tasks (``distributed.value_decisions``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
+from typing import Iterator
 
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
@@ -41,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "(comma-separated .npz files; not with --scenes/--episodes)")
     fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
+    fit.add_argument("--workers", type=int, default=0,
+                     help="walk the scenes as parallel Ray tasks on this many CPUs (0: one process, no Ray)")
+    fit.add_argument("--ray-address", default=None,
+                     help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
     fit.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     add_override_arg(fit)
     fit.set_defaults(func=fit_command)
@@ -51,21 +59,46 @@ def fit_command(args: argparse.Namespace) -> int:
         raise UserError("value fit needs either --scenes and --episodes (walk and collect) or --decisions (kept ones)")
     if args.decisions and args.save_decisions:
         raise UserError("--save-decisions keeps walked decisions: with --decisions there is nothing new to keep")
+    if args.workers < 0:
+        raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.decisions:
         report = fit_value_from_files(args.decisions.split(","), args.out, args.overrides)
     else:
-        report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
-                           save_decisions=args.save_decisions)
+        with value_ray(args.workers, args.ray_address):
+            report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
+                               save_decisions=args.save_decisions, workers=args.workers)
     print(json.dumps({"out": args.out, **report}))
     if not args.json:
         print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
     return 0
 
 
+@contextlib.contextmanager
+def value_ray(workers: int, address: str | None) -> Iterator[None]:
+    """A Ray for ``workers`` parallel walks (the running one, ``address``, or a local one shut
+    down at the end); nothing when ``workers`` is 0."""
+    if workers < 1:
+        yield
+        return
+    import ray
+
+    from trajrag.distributed.corpus import ensure_ray
+
+    own = ensure_ray(address, max(os.cpu_count() or 1, workers))
+    try:
+        yield
+    finally:
+        if own:
+            ray.shutdown()
+
+
 def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True,
-              save_decisions: str | None = None) -> dict:
+              save_decisions: str | None = None, workers: int = 0) -> dict:
     """Collect the decisions (kept in ``save_decisions`` when given), report the held-out ranking,
-    fit on every scene and write ``out``; returns the model's report (also stored in the file)."""
+    fit on every scene and write ``out``; returns the model's report (also stored in the file).
+
+    workers: 0 walks in this process; >= 1 walks each scene as a Ray task on the running Ray
+    (``distributed.value_decisions``; same decisions, in the same order)."""
     from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
     from trajrag.planners.frontier_value import save_decisions as keep
@@ -77,9 +110,12 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     if not episodes:
         raise UserError(f"no episodes in {episodes_spec!r} for {scenes_spec!r}")
     goals = list(episode_cfg.goal_categories)
-    decisions, vocabulary = collect_value_decisions(scenes, episodes, goals, config.load("sim", overrides),
-                                                    episode_cfg, config.load("audit", overrides),
-                                                    config.load("value", overrides), overrides, progress=progress)
+    collect = collect_value_decisions
+    if workers > 0:
+        from trajrag.distributed.value_decisions import collect_value_decisions_ray as collect
+    decisions, vocabulary = collect(scenes, episodes, goals, config.load("sim", overrides), episode_cfg,
+                                    config.load("audit", overrides), config.load("value", overrides), overrides,
+                                    progress=progress)
     if save_decisions:
         keep(save_decisions, decisions, vocabulary, goals)
     return fit_and_write(decisions, vocabulary, goals, out, overrides,

@@ -63,6 +63,7 @@ class PolicyConfig:
     replan_every_steps: int
     off_path_m: float
     window_margin_m: float
+    field_margin_m: float
     collision_move_fraction: float
     collision_mark_ahead_m: float
     collision_mark_radius_m: float
@@ -102,6 +103,7 @@ def validate_config(cfg: PolicyConfig) -> None:
         "clearance_cost",
         "goal_snap_radius_m",
         "window_margin_m",
+        "field_margin_m",
         "collision_mark_radius_m",
     ):
         if getattr(cfg, key) < 0:
@@ -149,7 +151,7 @@ class LocalPolicy:
         if self.collision is not None:
             self.collision[:] = False
         self._path: np.ndarray | None = None  # (K, 2) cells
-        self._field = np.zeros((0, 0))  # cost-to-go to the planned goal over the plan's window
+        self._field = np.zeros((0, 0))  # cost-to-go to the planned goal around the path (_field_box)
         self._blocked_moves: dict[tuple[int, int], set[float]] = {}  # cell -> headings that collided
         self._escape: float | None = None  # heading (rad) being turned to, to back out of a pocket
         self._field_origin = np.zeros(2, dtype=np.int64)
@@ -377,9 +379,19 @@ class LocalPolicy:
         self._path = None if path is None else np.array(path, dtype=np.int64) + np.array([r0, c0])
         if self._path is not None:
             costs[start[0] - r0, start[1] - c0] = 1.0  # the agent's cell is always enterable
-            self._field, _ = MCP_Geometric(costs, fully_connected=True).find_costs([(goal[0] - r0, goal[1] - c0)])
-            self._field_origin = np.array([r0, c0])
+            b0, b1, d0, d1 = self._field_box(self._path - np.array([r0, c0]), costs.shape, sem_map.cell_size)
+            self._field, _ = MCP_Geometric(costs[b0:b1, d0:d1], fully_connected=True).find_costs(
+                [(goal[0] - r0 - b0, goal[1] - c0 - d0)])
+            self._field_origin = np.array([r0 + b0, c0 + d0])
         return self._path is not None
+
+    def _field_box(self, path: np.ndarray, shape: tuple[int, int], cell_size: float) -> tuple[int, int, int, int]:
+        """The follower's field window ``(r0, r1, c0, c1)`` inside ``shape``: the path's cells
+        (window coordinates) + ``field_margin_m``."""
+        margin = int(math.ceil(self.cfg.field_margin_m / cell_size))
+        lo = np.maximum(path.min(axis=0) - margin, 0)
+        hi = np.minimum(path.max(axis=0) + margin + 1, shape)
+        return int(lo[0]), int(hi[0]), int(lo[1]), int(hi[1])
 
     def _snap_goal(self, sem_map: SemanticMap, waypoint: np.ndarray, blocked: np.ndarray) -> tuple[int, int] | None:
         """The waypoint's cell, or the nearest unblocked cell within ``goal_snap_radius_m``."""
