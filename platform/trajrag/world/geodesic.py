@@ -420,26 +420,27 @@ def segments_free(scene: Scene, start: np.ndarray, ends: np.ndarray, spacing_cel
 
 
 def _step_checker(scene: Scene, steps: np.ndarray, spacing_cells: float):
-    """``segments_free`` for the fixed step vectors ``steps`` (K, 2) from any start, with the
-    sample offsets computed once (the planner calls it for every expanded position)."""
+    """For the fixed step vectors ``steps`` (K, 2): a function of a start position (m) giving
+    ``segments_free`` of every step and the ``scene.to_cell`` of every step's end, with the
+    sample offsets computed once (the planner calls it for every expanded position, so it keeps
+    to a few whole-array operations; the arithmetic is ``segments_free``'s and ``to_cell``'s)."""
     ratio = float(np.max(np.linalg.norm(steps, axis=1))) / (spacing_cells * scene.cell_size)
     counts = {int(math.ceil(ratio * (1.0 - _FLOAT_SLACK))) + 1, int(math.ceil(ratio * (1.0 + _FLOAT_SLACK))) + 1}
     t = np.concatenate([np.linspace(0.0, 1.0, n) for n in sorted(counts)])
     offsets = t[None, :, None] * steps[:, None, :]  # (K, samples, 2) metres
     origin = np.asarray(scene.origin, dtype=np.float64)
-    h, w = scene.shape
-    traversable = scene.traversable
+    shape = np.array(scene.shape[::-1])  # (cols, rows): the order of (x, y)
+    # Off-grid samples read a blocked cell: pad the grid by one cell all round and clip into it.
+    padded = np.pad(scene.traversable, 1, constant_values=False)
 
-    def free(start: np.ndarray) -> np.ndarray:
-        points = (start - origin) + offsets
-        col = np.floor(points[..., 0] / scene.cell_size).astype(np.int64)
-        row = np.floor(points[..., 1] / scene.cell_size).astype(np.int64)
-        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-        ok = np.zeros(row.shape, dtype=bool)
-        ok[inside] = traversable[row[inside], col[inside]]
-        return ok.all(axis=1)
+    def free_and_ends(start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cells = np.floor(((start - origin) + offsets) / scene.cell_size).astype(np.int64)  # (K, S, [col, row])
+        cells = np.minimum(np.maximum(cells, -1, out=cells), shape, out=cells) + 1  # np.clip costs 3x more here
+        free = padded[cells[..., 1], cells[..., 0]].all(axis=1)
+        ends = np.floor(((start + steps) - origin) / scene.cell_size).astype(np.int64)[:, ::-1]  # (row, col)
+        return free, ends
 
-    return free
+    return free_and_ends
 
 
 @dataclass
@@ -478,7 +479,7 @@ def shortest_action_path(scene: Scene, goal: GoalField, start_xy: np.ndarray, st
     start_cell = tuple(int(v) for v in scene.to_cell(start_xy))
     if not (scene.in_bounds(np.array(start_cell)) and np.isfinite(field[start_cell])):
         return None
-    free_steps = _step_checker(scene, steps, motion.collision_step_cells)
+    free_and_ends = _step_checker(scene, steps, motion.collision_step_cells)
     pos = {start_cell: np.asarray(start_xy, dtype=np.float64)}
     heading = {start_cell: 0}
     parent: dict = {start_cell: None}
@@ -500,18 +501,17 @@ def shortest_action_path(scene: Scene, goal: GoalField, start_xy: np.ndarray, st
         expansions += 1
         if field[cell] < best_h:
             best_cell, best_h = cell, field[cell]
-        ends = pos[cell] + steps
-        free = free_steps(pos[cell])
-        cells = scene.to_cell(ends)
+        here = pos[cell]
+        free, cells = free_and_ends(here)
         k0 = heading[cell]
-        for k in np.nonzero(free)[0]:
-            nxt = (int(cells[k, 0]), int(cells[k, 1]))
+        for k in free.nonzero()[0].tolist():
+            nxt = tuple(cells[k].tolist())
             if nxt in closed:
                 continue
-            turns = abs((int(k) - k0 + n // 2) % n - n // 2)
+            turns = abs((k - k0 + n // 2) % n - n // 2)
             cost = g[cell] + motion.forward_step + turn_cost_m * turns
             if cost < g.get(nxt, math.inf):
-                g[nxt], pos[nxt], heading[nxt], parent[nxt] = cost, ends[k], int(k), cell
+                g[nxt], pos[nxt], heading[nxt], parent[nxt] = cost, here + steps[k], k, cell
                 counter += 1
                 heapq.heappush(heap, (cost + heuristic_weight * field[nxt], counter, nxt))
     end = goal_cell if goal_cell is not None else best_cell
