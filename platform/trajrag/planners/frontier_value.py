@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy.ndimage import uniform_filter
 from scipy.optimize import minimize
 
 from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus, worst_known
@@ -134,10 +133,8 @@ def candidate_features(ctx: PlannerContext, goals: Sequence[str], cfg: ValueConf
     """
     sem = ctx.sem_map
     cell = sem.cell_size
-    free_cells = np.argwhere(sem.free())
-    centre = free_cells.mean(axis=0) if len(free_cells) else np.zeros(2)
-    window = 2 * int(round(cfg.unknown_radius_m / cell)) + 1
-    unknown = uniform_filter((~sem.explored).astype(np.float32), size=window, mode="constant", cval=1.0)
+    centre = _free_centre(sem.free())
+    unknown_half = int(round(cfg.unknown_radius_m / cell))
     half = int(round(cfg.object_radius_m / cell))
     distance = candidate_distances(ctx)
     n_objects = len(sem.categories)
@@ -150,12 +147,31 @@ def candidate_features(ctx: PlannerContext, goals: Sequence[str], cfg: ValueConf
         by_goal = np.zeros(len(goals) * n_objects)
         if goal_index >= 0:
             by_goal[goal_index * n_objects:(goal_index + 1) * n_objects] = near
-        geometry = [distance[i], np.log1p(frontier.size * cell), unknown[r, c],
+        geometry = [distance[i], np.log1p(frontier.size * cell), _unknown_share(sem.explored, r, c, unknown_half),
                     float(np.hypot(*(np.array([r, c]) - centre))) * cell,
                     float(np.linalg.norm(np.asarray(frontier.centroid_xy) - ctx.pose.xy)),
                     candidate.length_m - distance[i]]
         rows.append(np.concatenate([np.asarray(geometry, dtype=float), near.astype(float), by_goal]))
     return np.vstack(rows)
+
+
+def _free_centre(free: np.ndarray) -> np.ndarray:
+    """The mean (row, col) of the free cells (0, 0 without any), searched inside their bounding
+    box: the map is 1440 x 1440 cells and a walk explores a corner of it."""
+    rows, cols = np.flatnonzero(free.any(axis=1)), np.flatnonzero(free.any(axis=0))
+    if not len(rows):
+        return np.zeros(2)
+    return np.argwhere(free[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]).mean(axis=0) + [rows[0], cols[0]]
+
+
+def _unknown_share(explored: np.ndarray, r: int, c: int, half: int) -> float:
+    """The share of unexplored cells in the square of half-side ``half`` cells around (r, c),
+    cells off the map counting as unexplored."""
+    h, w = explored.shape
+    r0, r1, c0, c1 = max(r - half, 0), min(r + half + 1, h), max(c - half, 0), min(c + half + 1, w)
+    inside = max(r1 - r0, 0) * max(c1 - c0, 0)
+    seen = np.count_nonzero(explored[r0:r1, c0:c1]) if inside else 0
+    return 1.0 - seen / float((2 * half + 1) ** 2)
 
 
 @dataclass
