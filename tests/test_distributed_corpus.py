@@ -1,8 +1,8 @@
 """The corpus build on Ray (trajrag.distributed.corpus): exactly-once under crashes, and resume.
 
 One local Ray (the session's ``ray_session``), loopback only. Each build is small: 2 procedural
-train homes x 3 episodes, oracle walks with 64x48 images (the pipeline is under test, not the
-images). A crash is a real process exit (``os._exit``) of a collector or of the grouping actor,
+train homes x 3 episodes, oracle walks (exploration walks where their decisions are under test)
+with 64x48 images (the pipeline is under test, not the images). A crash is a real process exit (``os._exit``) of a collector or of the grouping actor,
 fired once through a marker file.
 """
 
@@ -17,6 +17,7 @@ from trajrag import config
 from trajrag.agent.collect import trajectory_id
 from trajrag.distributed.corpus import FaultPlan, build_corpus_ray
 from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore
+from trajrag.memory.value_log import ValueLog
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
 
@@ -25,16 +26,20 @@ SCENES, PER_SCENE, POLICY = "procedural:train:2", 3, "oracle"
 TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
 
 
-@pytest.fixture(scope="module")
-def planned() -> set[str]:
+def planned_ids(policy: str) -> set[str]:
     """The trajectory ids the build must end up with, computed independently of the job."""
     scenes = load_scenes(SCENES, TINY)
     cfg = config.load("episodes", TINY)
-    return {trajectory_id(e, POLICY) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)}
+    return {trajectory_id(e, policy) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)}
 
 
-def build(store, faults=None, workers=2) -> dict:
-    return build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), TINY, workers=workers,
+@pytest.fixture(scope="module")
+def planned() -> set[str]:
+    return planned_ids(POLICY)
+
+
+def build(store, faults=None, workers=2, policy=POLICY) -> dict:
+    return build_corpus_ray(SCENES, PER_SCENE, policy, str(store), TINY, workers=workers,
                             progress=False, faults=faults)
 
 
@@ -65,15 +70,19 @@ def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_p
     assert_exactly_once(tmp_path / "store", planned)
 
 
-def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path, planned):
+def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path):
+    # Exploration walks: their decisions (for the frontier value) go through the writer too.
+    planned = planned_ids("explore")
     marker = tmp_path / "writer-crashed"
-    summary = build(tmp_path / "store", FaultPlan(str(marker), writer_exit_after_commits=1))
+    summary = build(tmp_path / "store", FaultPlan(str(marker), writer_exit_after_commits=1), policy="explore")
     assert marker.exists(), "the fault did not fire"
     assert summary["faults"]["writer_failures"] >= 1 and summary["faults"]["batches_resent"] >= 1
     # The batch committed just before the crash came back as already stored, not twice.
     assert summary["decisions"].get("duplicate", 0) >= 1
     assert summary["collected"] == len(planned)
     assert_exactly_once(tmp_path / "store", planned)
+    walks = [tid for tid, _ in ValueLog(str(tmp_path / "store")).rows()]
+    assert sorted(walks) == sorted(planned) and summary["walks_with_value_decisions"] == len(planned)
 
 
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):

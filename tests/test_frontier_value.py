@@ -149,6 +149,25 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     assert all({"value", "experience"} <= set(d["terms"]) for r in records for d in r["decisions"])  # in the score
 
 
+def test_a_corpus_keeps_its_exploration_walks_decisions_once_and_the_value_fits_on_them(tmp_path, capsys):
+    store = str(tmp_path / "memory")
+    small = [a for o in (*FAST_SIM, "episodes.max_steps=120") for a in ("--set", o)]
+    build = ["corpus", "build", "--scenes", "procedural:train:2", "--episodes-per-scene", "1", "--json", *small]
+    assert main([*build, "--policy", "explore", "--store", store]) == 0
+    assert json.loads(capsys.readouterr().out)["walks_with_value_decisions"] == 2
+    assert main([*build, "--policy", "explore", "--store", store]) == 0  # a rerun stores nothing twice
+    assert json.loads(capsys.readouterr().out)["walks_with_value_decisions"] == 2
+    assert main(["value", "fit", "--store", store, "--out", str(tmp_path / "value.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["walks"] == 2 and report["decisions"] > 2 and report["scenes"] == 2
+    # Oracle walks make no frontier decisions: nothing to fit on, and the error says what to do.
+    oracle = str(tmp_path / "oracle")
+    assert main([*build, "--policy", "oracle", "--store", oracle]) == 0
+    capsys.readouterr()
+    assert main(["value", "fit", "--store", oracle, "--out", str(tmp_path / "x.json")]) == 2
+    assert "keeps no exploration walks' decisions" in capsys.readouterr().err
+
+
 def test_the_value_planner_without_a_model_says_how_to_make_one(tmp_path, capsys):
     code = main(["eval", "--planner", "value", "--scenes", "procedural:val:1", "--episodes", "generated:1",
                  "--out", str(tmp_path), "--json"])

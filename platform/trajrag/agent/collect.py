@@ -31,6 +31,7 @@ class CorpusConfig:
     oracle_fraction: float
     collector_overrides: list[str]
     seed: int
+    keep_value_decisions: bool
 
 
 @dataclass
@@ -42,6 +43,7 @@ class CollectedEpisode:
     policy: str
     trajectory: TopoPolarTrajectory
     result: EpisodeResult
+    value_decisions: bytes | None = None  # an exploration walk's decisions (agent.value_data), .npz bytes
 
 
 def episode_policy(episode: ObjectNavEpisode, policy: str, oracle_fraction: float, seed: int) -> str:
@@ -80,14 +82,30 @@ class Collector:
             "explore": make_frontier_agent(sim_cfg, overrides, seed),
         }
         self.seed = seed
+        self.recorder = None
+        if self.cfg.keep_value_decisions:  # the exploration walks' decisions, for the frontier value
+            from trajrag.agent.value_data import ValueDecisionRecorder
+
+            episode_cfg = config.load("episodes", overrides)
+            self.recorder = ValueDecisionRecorder(episode_cfg.goal_categories, episode_cfg,
+                                                  config.load("audit", overrides), config.load("value", overrides))
+            self.agents["explore"].decision_observer = self.recorder
 
     def collect_one(self, episode: ObjectNavEpisode, scene: Scene, policy: str) -> CollectedEpisode:
         """Run one episode with ``policy`` (``oracle`` / ``explore`` / ``mix``) and convert it."""
         chosen = episode_policy(episode, policy, self.cfg.oracle_fraction, self.cfg.seed)
         agent = self.agents[chosen]
+        recording = self.recorder is not None and chosen == "explore"
+        if recording:
+            self.recorder.start(scene, episode)
         result = run_episode(self.sim, agent, episode, scene)
         trajectory = agent.topo_trajectory(success=result.metrics.success, with_place=True)
-        return CollectedEpisode(trajectory_id(episode, chosen), chosen, trajectory, result)
+        decisions = None
+        if recording:
+            from trajrag.planners.frontier_value import decisions_to_bytes
+
+            decisions = decisions_to_bytes(self.recorder.take(), agent.builder.vocabulary, self.recorder.goals)
+        return CollectedEpisode(trajectory_id(episode, chosen), chosen, trajectory, result, decisions)
 
     def collect(self, episodes: Sequence[ObjectNavEpisode], scenes: Sequence[Scene],
                 policy: str) -> Iterator[CollectedEpisode]:

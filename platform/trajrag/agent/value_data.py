@@ -5,7 +5,9 @@ decisions, every candidate's features (``planners.frontier_value.candidate_featu
 agent's own map) are recorded with the candidate's true cost to the goal through its frontier
 (the decision audit's privileged geodesic field, ``agent.decisions.FrontierGoalDistance``). In
 those homes the cost is hindsight, like the oracle walks of the corpus; the fitted model never
-sees the simulator at evaluation time.
+sees the simulator at evaluation time. The corpus's exploration walks are such walks: their
+collectors record the same decisions (``ValueDecisionRecorder``) and the memory keeps them
+(``memory.value_log``), so a value can be fitted from a memory without walking again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,35 @@ from trajrag.world.scene import Scene
 from trajrag.world.sim import GridSimulator
 
 
+class ValueDecisionRecorder:
+    """A navigator's ``decision_observer`` that records each decision as a ``ValueDecision``.
+
+    ``start(scene, episode)`` before each episode (it fixes the goal field the costs come from);
+    ``take()`` returns the episode's decisions and forgets them."""
+
+    def __init__(self, goals: Sequence[str], episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig) -> None:
+        self.goals, self.episode_cfg, self.audit, self.cfg = list(goals), episode_cfg, audit, cfg
+        self._scene = ""
+        self._to_goal: FrontierGoalDistance | None = None
+        self._decisions: list[ValueDecision] = []
+
+    def start(self, scene: Scene, episode: ObjectNavEpisode) -> None:
+        field = scene_goal_field(scene, episode.object_category, self.episode_cfg)
+        self._scene, self._to_goal = scene.name, FrontierGoalDistance(scene, field, self.audit.search_radius_m)
+        self._decisions = []  # nothing left over from an episode that raised
+
+    def __call__(self, ctx, choice: int, planner) -> None:
+        if self._to_goal is None:
+            raise RuntimeError("ValueDecisionRecorder: call start(scene, episode) before the episode")
+        self._decisions.append(ValueDecision(scene=self._scene, goal=ctx.goal,
+                                             features=candidate_features(ctx, self.goals, self.cfg),
+                                             cost_m=self._to_goal.cost_through(ctx)))
+
+    def take(self) -> list[ValueDecision]:
+        taken, self._decisions = self._decisions, []
+        return taken
+
+
 def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNavEpisode], goals: Sequence[str],
                             sim_cfg, episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig,
                             overrides: Sequence[str] = (), progress: bool = True) -> tuple[list[ValueDecision], list[str]]:
@@ -32,18 +63,10 @@ def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNa
     agent = make_frontier_agent(sim_cfg, overrides)
     sim = GridSimulator(sim_cfg)
     by_name = {scene.name: scene for scene in scenes}
-    decisions: list[ValueDecision] = []
-    current: dict = {}
-
-    def record(ctx, choice: int, planner) -> None:
-        decisions.append(ValueDecision(scene=current["scene"], goal=ctx.goal,
-                                       features=candidate_features(ctx, goals, cfg),
-                                       cost_m=current["to_goal"].cost_through(ctx)))
-
-    agent.decision_observer = record
+    recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)
+    agent.decision_observer = recorder
     for episode in tqdm(episodes, desc="value decisions", unit="ep", disable=not progress):
         scene = by_name[episode.scene_key]
-        field = scene_goal_field(scene, episode.object_category, episode_cfg)
-        current.update(scene=scene.name, to_goal=FrontierGoalDistance(scene, field, audit.search_radius_m))
+        recorder.start(scene, episode)
         run_episode(sim, agent, episode, scene, cfg=episode_cfg)
-    return decisions, list(agent.builder.vocabulary)
+    return recorder.take(), list(agent.builder.vocabulary)

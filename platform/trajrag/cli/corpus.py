@@ -118,6 +118,7 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     from trajrag import config
     from trajrag.agent.collect import Collector, episode_policy, trajectory_id
     from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.value_log import ValueLog
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
 
@@ -128,6 +129,7 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     episode_cfg = config.load("episodes", overrides)
     episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
     memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+    value_log = ValueLog(store_uri)
     collector = Collector(overrides)
     todo = [e for e in episodes if not memory.known(
         trajectory_id(e, episode_policy(e, policy, collector.cfg.oracle_fraction, collector.cfg.seed)))]
@@ -141,6 +143,8 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     def insert(batch):
         nonlocal insert_s
         t = time.perf_counter()
+        # Decisions before trajectories: a walk whose chunk is stored has its decisions (memory.value_log).
+        value_log.append((i.trajectory_id, i.value_decisions) for i in batch if i.value_decisions is not None)
         for policy_name in sorted({item.policy for item in batch}):
             # the memory keys a trajectory scene/episode/policy, as collect.trajectory_id does
             done = memory.insert_many([i.trajectory for i in batch if i.policy == policy_name], policy=policy_name)
@@ -167,6 +171,7 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
         "decisions": dict(decisions),
         "chunks": memory.n_chunks,
         "groups": memory.n_groups,
+        "walks_with_value_decisions": len(value_log),
         "traj_per_s": len(todo) / total_s if todo else 0.0,
         "seconds": {"setup": setup_s, "collect_and_convert": collect_s, "insert": insert_s, "total": total_s},
     }

@@ -5,9 +5,10 @@
    memory ``<out>/memory``;
 2. **encoder**: f_E trained on Ray Train (``<out>/model``), evaluated on held-out scenes
    (``<out>/encoder_eval.json``) and the chunk embeddings written into the memory;
-3. **value**: nearest-frontier decisions in the corpus homes with their hindsight cost to the
-   goal, and the frontier value fitted on them (``<out>/value.json``, ``trajrag value fit``),
-   which TrajRAG's scoring planner adds to its score;
+3. **value**: the frontier value (``<out>/value.json``, ``trajrag value fit --store``) fitted on
+   the decisions the corpus's exploration walks made in its homes, with their hindsight cost to
+   the goal (the memory keeps them: ``memory.value_log``), which TrajRAG's scoring planner adds
+   to its score;
 4. **evaluation**: each agent (TrajRAG's retrieval-scoring planner and the baselines) on
    generated episodes of procedural *val* homes: ``<out>/<agent>/episodes.jsonl``;
 5. **report**: ``<out>/results.md`` / ``results.csv``, ``episode.png`` (the agents' walks in one
@@ -43,7 +44,6 @@ class RunConfig:
     corpus_policy: str
     workers: int
     encoder_epochs: int
-    value_episodes: str
     scenes: str
     episodes: str
     agents: list[str]
@@ -82,19 +82,19 @@ def run_command(args: argparse.Namespace) -> int:
     store, model, value = str(out / "memory"), str(out / "model"), str(out / "value.json")
     shared = [f"retrieval.store={store}", f"retrieval.model_dir={model}"]
     with pipeline_ray(cfg.workers):
-        if any(a in ("trajrag", "llm", "graphrag") for a in agents):
+        corpus = encoder = value_report = None
+        if any(a in ("trajrag", "llm", "graphrag", "value") for a in agents):
             start = time.perf_counter()
             corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
             seconds["corpus"] = time.perf_counter() - start
+        grew = corpus is not None and corpus["collected"] > 0
+        if any(a in ("trajrag", "llm", "graphrag") for a in agents):
             start = time.perf_counter()
-            encoder = train_and_embed(cfg, store, model, overrides, say=say, corpus_grew=corpus["collected"] > 0)
+            encoder = train_and_embed(cfg, store, model, overrides, say=say, corpus_grew=grew)
             seconds["encoder"] = time.perf_counter() - start
-        else:
-            corpus = encoder = None
-        value_report = None
         if any(a in ("trajrag", "llm", "value") for a in agents):  # the planners that score with it
             start = time.perf_counter()
-            value_report = fit_value_stage(cfg, value, overrides, progress=not args.json, say=say)
+            value_report = fit_value_stage(store, value, overrides, say=say, corpus_grew=grew)
             seconds["value"] = time.perf_counter() - start
             shared.append(f"scoring.value_model={value}")
         start = time.perf_counter()
@@ -142,7 +142,7 @@ def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: boo
                                overrides, progress=progress)
     say(f"      {summary['chunks']} chunks in {summary['groups']} groups ({summary['traj_per_s']:.2f} trajectories/s)")
     return {k: summary.get(k) for k in ("episodes_planned", "collected", "chunks", "groups", "decisions",
-                                        "traj_per_s")}
+                                        "walks_with_value_decisions", "traj_per_s")}
 
 
 def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say, corpus_grew: bool) -> dict:
@@ -176,17 +176,17 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
     return result
 
 
-def fit_value_stage(cfg: RunConfig, value: str, overrides: list[str], progress: bool, say) -> dict:
-    """Stage 3: the frontier value from decisions in the corpus homes (kept when ``value`` exists)."""
-    from trajrag.cli.value import fit_value
+def fit_value_stage(store: str, value: str, overrides: list[str], say, corpus_grew: bool) -> dict:
+    """Stage 3: the frontier value from the decisions of the corpus's exploration walks (kept
+    when ``value`` exists and the corpus did not grow)."""
+    from trajrag.cli.value import fit_value_from_store
     from trajrag.planners.frontier_value import FrontierValueModel
 
-    if Path(value).is_file():
+    if Path(value).is_file() and not corpus_grew:
         say(f"[3/5] value: keeping {value}")
         return FrontierValueModel.load(value).report
-    say(f"[3/5] value: nearest-frontier decisions, {cfg.value_episodes} x {cfg.corpus_scenes} -> {value}")
-    report = fit_value(cfg.corpus_scenes, cfg.value_episodes, value, overrides, progress=progress,
-                       workers=cfg.workers)
+    say(f"[3/5] value: fitted on the decisions of the corpus's exploration walks ({store}) -> {value}")
+    report = fit_value_from_store(store, value, overrides)
     held_out = report.get("held_out")
     if held_out:
         say("      held-out best pick: value {:.3f}, nearest frontier {:.3f}".format(

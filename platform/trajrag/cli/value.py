@@ -8,7 +8,8 @@ to nearest frontier, then fits on every scene and writes the model. The scoring 
 with ``--set scoring.value_model=VALUE.json``.
 
 ``--save-decisions D.npz`` keeps the walked decisions; ``--decisions D1.npz,D2.npz`` fits on kept
-ones instead of walking (several collections together: procedural and Gibson homes, say).
+ones instead of walking (several collections together: procedural and Gibson homes, say);
+``--store M`` fits on the decisions a memory kept from its corpus's exploration walks.
 ``--workers N`` walks the scenes as parallel Ray tasks (``distributed.value_decisions``).
 """
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Iterator
 
 from trajrag.cli import UserError, add_override_arg
@@ -43,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--episodes", help=EPISODES_HELP)
     fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "
                      "(comma-separated .npz files; not with --scenes/--episodes)")
+    fit.add_argument("--store", help="fit on the decisions the memory at STORE kept from its exploration walks "
+                     "(trajrag corpus build, corpus.keep_value_decisions) instead of walking")
     fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
     fit.add_argument("--workers", type=int, default=0,
@@ -55,14 +60,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    if bool(args.decisions) == bool(args.scenes or args.episodes) or bool(args.scenes) != bool(args.episodes):
-        raise UserError("value fit needs either --scenes and --episodes (walk and collect) or --decisions (kept ones)")
-    if args.decisions and args.save_decisions:
-        raise UserError("--save-decisions keeps walked decisions: with --decisions there is nothing new to keep")
+    walk = bool(args.scenes or args.episodes)
+    if walk + bool(args.decisions) + bool(args.store) != 1 or bool(args.scenes) != bool(args.episodes):
+        raise UserError("value fit needs one of --scenes and --episodes (walk and collect), --decisions (kept "
+                        "ones) or --store (a memory's exploration walks)")
+    if args.save_decisions and not walk:
+        raise UserError("--save-decisions keeps walked decisions: without --scenes/--episodes there is nothing new "
+                        "to keep")
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.decisions:
         report = fit_value_from_files(args.decisions.split(","), args.out, args.overrides)
+    elif args.store:
+        report = fit_value_from_store(args.store, args.out, args.overrides)
     else:
         with value_ray(args.workers, args.ray_address):
             report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
@@ -126,21 +136,47 @@ def fit_value_from_files(paths: list[str], out: str, overrides: list[str]) -> di
     """Fit on decisions kept by ``--save-decisions`` (every file with the same vocabulary and goals)."""
     from trajrag.planners.frontier_value import ValueModelError, load_decisions
 
-    decisions: list = []
-    kinds = set()
+    collections = []
     for path in paths:
         try:
-            kept, vocabulary, goals = load_decisions(path)
+            collections.append(load_decisions(path))
         except FileNotFoundError:
             raise UserError(f"no decisions file at {path}") from None
         except ValueModelError as exc:
             raise UserError(str(exc)) from None
-        decisions += kept
-        kinds.add((tuple(vocabulary), tuple(goals)))
+    return _fit_collections(collections, f"the decisions files {paths}", out, overrides, {"decisions_files": paths})
+
+
+def fit_value_from_store(store: str, out: str, overrides: list[str]) -> dict:
+    """Fit on the decisions of a memory's exploration walks (``memory.value_log``, kept by
+    ``trajrag corpus build`` with ``corpus.keep_value_decisions``)."""
+    from trajrag.memory.store import StoreError
+    from trajrag.memory.value_log import ValueLog
+    from trajrag.planners.frontier_value import ValueModelError, load_decisions
+
+    if "://" not in store and not Path(store).is_dir():
+        raise UserError(f"no memory at {store}: build one with `trajrag corpus build`")
+    try:
+        rows = list(ValueLog(store).rows())
+        collections = [load_decisions(io.BytesIO(blob), name=f"{store} value_decisions[{tid}]") for tid, blob in rows]
+    except (StoreError, ValueModelError) as exc:
+        raise UserError(str(exc)) from None
+    if not collections:
+        raise UserError(f"memory {store} keeps no exploration walks' decisions: build it with "
+                        "corpus.keep_value_decisions=true and the explore or mix policy, or walk with --scenes/--episodes")
+    return _fit_collections(collections, f"the walks of {store}", out, overrides,
+                            {"store": store, "walks": len(collections)})
+
+
+def _fit_collections(collections: list[tuple[list, list[str], list[str]]], what: str, out: str,
+                     overrides: list[str], source: dict) -> dict:
+    """``fit_and_write`` on several ``(decisions, vocabulary, goals)`` that must share vocabulary and goals."""
+    kinds = {(tuple(vocabulary), tuple(goals)) for _, vocabulary, goals in collections}
     if len(kinds) != 1:
-        raise UserError(f"the decisions files {paths} were collected with different vocabularies or goals")
+        raise UserError(f"{what} were collected with different vocabularies or goals")
     vocabulary, goals = (list(k) for k in kinds.pop())
-    return fit_and_write(decisions, vocabulary, goals, out, overrides, {"decisions_files": paths})
+    decisions = [d for kept, _, _ in collections for d in kept]
+    return fit_and_write(decisions, vocabulary, goals, out, overrides, source)
 
 
 def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out: str, overrides: list[str],

@@ -133,6 +133,7 @@ class EpisodeItem:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     error: str = ""
+    value_decisions: bytes | None = None  # an exploration walk's decisions (memory.value_log)
 
 
 class CollectorWorker:
@@ -157,7 +158,7 @@ class CollectorWorker:
             got = self.collector.collect_one(episode, scene, self.policy)
             metrics = got.result.metrics
             return EpisodeItem(index, got.policy, got.trajectory, bool(metrics.success),
-                               float(metrics.spl), int(metrics.steps))
+                               float(metrics.spl), int(metrics.steps), value_decisions=got.value_decisions)
 
         def failed(index: int, exc: Exception) -> EpisodeItem:
             return EpisodeItem(index, error=f"{type(exc).__name__}: {exc}")
@@ -184,8 +185,10 @@ class GroupingWriter:
         from trajrag import config
         from trajrag.memory.grouping import TrajectoryMemory
         from trajrag.memory.store import DECISIONS
+        from trajrag.memory.value_log import ValueLog
 
         self.memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+        self.value_log = ValueLog(store_uri)
         # Rejected trajectories (e.g. a single node) are not "known" to the memory; keep their
         # ids too, so a rerun neither collects nor logs them again.
         rejected = self.memory.store.read(DECISIONS, ["trajectory_id"], where="action = 'rejected'")
@@ -216,6 +219,10 @@ class GroupingWriter:
             traj.trajectory_id, traj.policy = tid, item.policy
             actions[tid] = "pending"
             fresh.append(traj)
+        # Decisions before trajectories: a walk whose chunk is stored has its decisions (memory.value_log).
+        fresh_ids = {traj.trajectory_id for traj in fresh}
+        self.value_log.append((tid, item.value_decisions) for tid, item in batch
+                              if tid in fresh_ids and item.value_decisions is not None)
         for decision in self.memory.insert_many(fresh) if fresh else []:
             actions[decision.trajectory_id] = decision.action
             if decision.action == "rejected":
@@ -227,7 +234,8 @@ class GroupingWriter:
                 "cpu_seconds": time.process_time() - cpu, **self.state()}
 
     def state(self) -> dict:
-        return {"chunks": self.memory.n_chunks, "groups": self.memory.n_groups}
+        return {"chunks": self.memory.n_chunks, "groups": self.memory.n_groups,
+                "walks_with_value_decisions": len(self.value_log)}
 
     def ping(self) -> bool:
         """Answers once the actor is up (the driver's liveness check after a failure)."""
@@ -639,6 +647,7 @@ def _summary(ids, todo, pipe: _Pipeline | None, state: dict, workers: int, setup
         "decisions": decisions,
         "chunks": state["chunks"],
         "groups": state["groups"],
+        "walks_with_value_decisions": state["walks_with_value_decisions"],
         "traj_per_s": collected / total_s if collected else 0.0,
         "workers": workers,
         "seconds": {

@@ -27,6 +27,7 @@ pickle.
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from dataclasses import asdict, dataclass
@@ -81,24 +82,33 @@ def save_decisions(path: str | Path, decisions: Sequence[ValueDecision], vocabul
                    goals: Sequence[str]) -> None:
     """Write collected decisions (``.npz``, plain arrays: read back without pickle) so a model can
     be fitted again, or on several collections together, without walking the episodes again."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(decisions_to_bytes(decisions, vocabulary, goals))
+
+
+def decisions_to_bytes(decisions: Sequence[ValueDecision], vocabulary: Sequence[str], goals: Sequence[str]) -> bytes:
+    """The ``save_decisions`` file as bytes (the corpus keeps those of each exploration walk)."""
     sizes = np.array([len(d.cost_m) for d in decisions], dtype=np.int64)
     width = len(feature_names(vocabulary, goals))
     features = np.vstack([d.features for d in decisions]) if decisions else np.zeros((0, width))
     costs = np.concatenate([d.cost_m for d in decisions]) if decisions else np.zeros(0)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:  # a file object: np.savez would add ".npz" to another suffix
-        np.savez_compressed(f, format=np.array(DECISIONS_FORMAT), vocabulary=np.array(list(vocabulary), dtype=str),
-                            goals=np.array(list(goals), dtype=str),
-                            scene=np.array([d.scene for d in decisions], dtype=str),
-                            goal=np.array([d.goal for d in decisions], dtype=str), sizes=sizes,
-                            features=features.astype(np.float64), cost_m=costs.astype(np.float64))
+    out = io.BytesIO()
+    np.savez_compressed(out, format=np.array(DECISIONS_FORMAT), vocabulary=np.array(list(vocabulary), dtype=str),
+                        goals=np.array(list(goals), dtype=str),
+                        scene=np.array([d.scene for d in decisions], dtype=str),
+                        goal=np.array([d.goal for d in decisions], dtype=str), sizes=sizes,
+                        features=features.astype(np.float64), cost_m=costs.astype(np.float64))
+    return out.getvalue()
 
 
-def load_decisions(path: str | Path) -> tuple[list[ValueDecision], list[str], list[str]]:
-    """(decisions, vocabulary, goals) written by ``save_decisions``; ``ValueModelError`` naming the
-    file when it is not such a file or its arrays do not fit together."""
+def load_decisions(source: str | Path | io.BytesIO, name: str | None = None
+                   ) -> tuple[list[ValueDecision], list[str], list[str]]:
+    """(decisions, vocabulary, goals) written by ``save_decisions`` (a path, or the bytes of
+    ``decisions_to_bytes`` in a ``BytesIO``); ``ValueModelError`` naming the file (or ``name``)
+    when it is not such a file or its arrays do not fit together."""
+    path = name or source
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with np.load(source, allow_pickle=False) as data:
             if str(data["format"]) != DECISIONS_FORMAT:
                 raise ValueError(f"format {str(data['format'])!r}, expected {DECISIONS_FORMAT!r}")
             arrays = {key: data[key] for key in ("vocabulary", "goals", "scene", "goal", "sizes", "features", "cost_m")}

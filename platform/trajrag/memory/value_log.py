@@ -1,0 +1,73 @@
+"""The decisions of the memory's exploration walks, kept beside its chunks.
+
+A corpus's exploration walks are nearest-frontier walks in train homes: at every decision their
+collector records each candidate's features and its hindsight cost to the goal
+(``agent.value_data.ValueDecisionRecorder``), which is what ``trajrag value fit`` learns from.
+The memory keeps them in the table ``value_decisions`` of its LanceDB database: one row per walk,
+``trajectory_id`` and ``decisions`` (the walk's decisions as the plain-array ``.npz`` bytes of
+``planners.frontier_value.decisions_to_bytes``, read back without pickle).
+
+Exactly once, like the chunks: the single writer appends a batch's rows *before* inserting its
+trajectories, skipping ids it already holds, so a batch sent again after a crash adds no row
+twice, and a walk whose chunk was stored always has its decisions. The table is outside the
+chunk journal (``memory.store``): a row whose chunk insert then failed is harmless (a rerun
+collects that walk again and its row is skipped by id).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+
+from trajrag.memory.store import StoreError
+
+TABLE = "value_decisions"
+SCHEMA = pa.schema([pa.field("trajectory_id", pa.string(), nullable=False),
+                    pa.field("decisions", pa.large_binary(), nullable=False)])
+
+
+class ValueLog:
+    """The ``value_decisions`` table of the memory at ``uri`` (created on the first append)."""
+
+    def __init__(self, uri: str) -> None:
+        import lancedb
+
+        self.uri = uri
+        try:
+            self.db = lancedb.connect(uri)
+            self.table = self.db.open_table(TABLE) if TABLE in self.db.list_tables().tables else None
+        except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
+            raise StoreError(f"memory store {uri}: the exploration walks' decisions cannot be read: {exc}") from exc
+        self.ids: set[str] = set()
+        if self.table is not None:
+            self.ids = set(self.table.search().select(["trajectory_id"]).limit(None).to_arrow()
+                           .column("trajectory_id").to_pylist())
+
+    def append(self, rows: Iterable[tuple[str, bytes]]) -> int:
+        """Add ``(trajectory_id, decisions)`` rows whose ids are not stored yet (one LanceDB
+        commit); returns how many were added."""
+        fresh: dict[str, bytes] = {}
+        for tid, blob in rows:
+            if tid not in self.ids and tid not in fresh:
+                fresh[tid] = blob
+        if not fresh:
+            return 0
+        batch = pa.table({"trajectory_id": list(fresh), "decisions": pa.array(list(fresh.values()), pa.large_binary())},
+                         schema=SCHEMA)
+        if self.table is None:
+            self.table = self.db.create_table(TABLE, batch)
+        else:
+            self.table.add(batch)
+        self.ids.update(fresh)
+        return len(fresh)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def rows(self) -> Iterator[tuple[str, bytes]]:
+        """``(trajectory_id, decisions)`` of every stored walk."""
+        if self.table is None:
+            return
+        for batch in self.table.search().select(["trajectory_id", "decisions"]).limit(None).to_arrow().to_batches():
+            yield from zip(batch.column("trajectory_id").to_pylist(), batch.column("decisions").to_pylist())
