@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage as ndi
 
-from trajrag.world.frames import GridGeometry, Pose2D
+from trajrag.world.frames import GridGeometry, Pose2D, wrap_angle
 from trajrag.world.interface import CameraIntrinsics
 
 
@@ -360,8 +360,13 @@ class SemanticMapper:
         radius = int(math.ceil(reach / sem.cell_size)) + 1
         ar, ac = (int(v) for v in sem.to_cell(np.array([x, y])))
         h, w = sem.shape
-        r0, r1 = max(ar - radius, 0), min(ar + radius + 1, h)
-        c0, c1 = max(ac - radius, 0), min(ac + radius + 1, w)
+        # Only the view cone (and the self-explored disk) can be marked: its bounding box is a
+        # third of the square around the agent, and the cells outside it are never seen.
+        (dx0, dx1), (dy0, dy1) = self._view_box(yaw, reach, cfg.self_explored_radius_m)
+        r0 = max(ar - radius, ar + int(math.floor(dy0 / sem.cell_size)) - 1, 0)
+        r1 = min(ar + radius + 1, ar + int(math.ceil(dy1 / sem.cell_size)) + 2, h)
+        c0 = max(ac - radius, ac + int(math.floor(dx0 / sem.cell_size)) - 1, 0)
+        c1 = min(ac + radius + 1, ac + int(math.ceil(dx1 / sem.cell_size)) + 2, w)
         dy = (sem.origin[1] + (np.arange(r0, r1) + 0.5) * sem.cell_size - y)[:, None]
         dx = (sem.origin[0] + (np.arange(c0, c1) + 0.5) * sem.cell_size - x)[None, :]
         c, s = math.cos(yaw), math.sin(yaw)
@@ -375,6 +380,18 @@ class SemanticMapper:
         seen = in_view & (dist <= ranges[strip])
         seen |= dist <= cfg.self_explored_radius_m
         sem.explored[r0:r1, c0:c1] |= seen
+
+    def _view_box(self, yaw: float, reach: float, disk: float) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((x min, x max), (y min, y max)) in metres from the agent of the cone of half-angle
+        ``atan(width / 2 / focal)`` and length ``reach`` around ``yaw``, and of the disk of
+        radius ``disk`` around the agent."""
+        half = math.atan2(self.intrinsics.width / 2.0, self.intrinsics.focal)
+        angles = [yaw - half, yaw + half]
+        # The cone also reaches farthest along any axis direction between its two edges.
+        angles += [k * math.pi / 2 for k in range(-4, 5) if abs(wrap_angle(k * math.pi / 2 - yaw)) <= half]
+        xs = [reach * math.cos(a) for a in angles] + [-disk, disk]
+        ys = [reach * math.sin(a) for a in angles] + [-disk, disk]
+        return (min(xs), max(xs)), (min(ys), max(ys))
 
     def _check_masks(self, masks: np.ndarray) -> np.ndarray:
         masks = np.asarray(masks).astype(bool, copy=False)  # uint8 masks must not become indices
