@@ -136,7 +136,7 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     assert json.loads(capsys.readouterr().out)["held_out"] == report["held_out"]
     np.testing.assert_allclose(FrontierValueModel.load(tmp_path / "again.json").weights, model.weights)
     assert main(["value", "fit", "--decisions", str(kept), "--scenes", "procedural:train:2", "--out", "x.json"]) == 2
-    assert "either --scenes and --episodes" in capsys.readouterr().err
+    assert "needs one of --scenes and --episodes" in capsys.readouterr().err
 
     store, encoder = nav_memory
     common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",

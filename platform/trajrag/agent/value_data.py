@@ -29,8 +29,9 @@ from trajrag.world.sim import GridSimulator
 class ValueDecisionRecorder:
     """A navigator's ``decision_observer`` that records each decision as a ``ValueDecision``.
 
-    ``start(scene, episode)`` before each episode (it fixes the goal field the costs come from);
-    ``take()`` returns the episode's decisions and forgets them."""
+    ``start(scene, episode)`` before each episode (it fixes the goal field the costs come from
+    and forgets anything an episode that raised left behind); ``take()`` after it returns the
+    episode's decisions."""
 
     def __init__(self, goals: Sequence[str], episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig) -> None:
         self.goals, self.episode_cfg, self.audit, self.cfg = list(goals), episode_cfg, audit, cfg
@@ -65,8 +66,10 @@ def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNa
     by_name = {scene.name: scene for scene in scenes}
     recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)
     agent.decision_observer = recorder
+    decisions: list[ValueDecision] = []
     for episode in tqdm(episodes, desc="value decisions", unit="ep", disable=not progress):
         scene = by_name[episode.scene_key]
         recorder.start(scene, episode)
         run_episode(sim, agent, episode, scene, cfg=episode_cfg)
-    return recorder.take(), list(agent.builder.vocabulary)
+        decisions += recorder.take()
+    return decisions, list(agent.builder.vocabulary)

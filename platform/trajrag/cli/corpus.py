@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     build = corpus_sub.add_parser(
         "build", help="collect episodes and insert them into the memory",
         description="Collect ObjectNav episodes (oracle, exploration or a mix), convert them to "
-        "topo-polar trajectories and insert them into the LanceDB memory. Resumable.")
+        "topo-polar trajectories and insert them into the LanceDB memory. The exploration walks' "
+        "decisions are kept beside the chunks for `trajrag value fit --store` "
+        "(corpus.keep_value_decisions). Resumable.")
     build.add_argument("--scenes", required=True, help=SCENES_HELP)
     build.add_argument("--episodes-per-scene", type=int, required=True, help="episodes generated per scene")
     build.add_argument("--policy", choices=("oracle", "explore", "mix"), default="mix",

@@ -47,7 +47,9 @@ def write_experience(path: str | Path, goals: list[str], vectors: np.ndarray, ad
     rows = pa.table({"goal": pa.array(goals, pa.string()),
                      VECTOR: pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
                      "advantage_m": pa.array(np.asarray(advantage_m, dtype=np.float32))})
-    lancedb.connect(str(path)).create_table(TABLE, rows, mode="overwrite")
+    db = lancedb.connect(str(path))
+    # "overwrite" on a table that does not exist yet makes LanceDB log a warning on stderr.
+    db.create_table(TABLE, rows, mode="overwrite" if TABLE in db.list_tables().tables else "create")
     return len(vectors)
 
 
