@@ -2,8 +2,8 @@
 
 One local Ray (the session's ``ray_session``), loopback only. Each build is small: 2 procedural
 train homes x 3 episodes, oracle walks (exploration walks where their decisions are under test)
-with 64x48 images (the pipeline is under test, not the images). A crash is a real process exit (``os._exit``) of a collector or of the grouping actor,
-fired once through a marker file.
+with 64x48 images (the pipeline is under test, not the images). A crash is a real process exit
+(``os._exit``) of a collector or of the grouping actor, fired once through a marker file.
 """
 
 from __future__ import annotations

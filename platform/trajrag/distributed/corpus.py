@@ -208,7 +208,7 @@ class GroupingWriter:
         decided are skipped. Returns each id's action, the time taken and the store's size."""
         started, cpu = time.perf_counter(), time.process_time()
         actions: dict[str, str] = {}
-        fresh = []
+        fresh, walked = [], []
         for tid, item in batch:
             if self._done(tid) or tid in actions:
                 actions[tid] = "duplicate"
@@ -219,10 +219,10 @@ class GroupingWriter:
             traj.trajectory_id, traj.policy = tid, item.policy
             actions[tid] = "pending"
             fresh.append(traj)
+            if item.value_decisions is not None:
+                walked.append((tid, item.value_decisions))
         # Decisions before trajectories: a walk whose chunk is stored has its decisions (memory.value_log).
-        fresh_ids = {traj.trajectory_id for traj in fresh}
-        self.value_log.append((tid, item.value_decisions) for tid, item in batch
-                              if tid in fresh_ids and item.value_decisions is not None)
+        self.value_log.append(walked)
         for decision in self.memory.insert_many(fresh) if fresh else []:
             actions[decision.trajectory_id] = decision.action
             if decision.action == "rejected":

@@ -37,13 +37,14 @@ def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], 
     order = [scene for scene in scenes if scene.name in by_scene]
     refs = [remote.remote(ray.put(scene), by_scene[scene.name], list(goals), sim_cfg, episode_cfg, audit, cfg,
                           list(overrides)) for scene in order]
+    walks = {ref: len(by_scene[scene.name]) for ref, scene in zip(refs, order)}
     results: dict[Any, tuple] = {}
     with tqdm(total=len(episodes), desc="value decisions", unit="ep", disable=not progress) as bar:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             results[done[0]] = ray.get(done[0])
-            bar.update(len(by_scene[order[refs.index(done[0])].name]))
+            bar.update(walks[done[0]])
     decisions: list[ValueDecision] = []
     vocabularies = set()
     for ref in refs:

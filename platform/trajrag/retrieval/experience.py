@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from trajrag.memory.store import sql_str
+
 TABLE = "frontier_candidates"
 VECTOR = "vector"
 
@@ -83,9 +85,8 @@ class ExperienceIndex:
         out = np.zeros(len(vectors))
         if goal not in self.goals or not len(vectors):
             return out
-        quoted = goal.replace("'", "''")
         result = (self.table.search(vectors if len(vectors) > 1 else vectors[0], vector_column_name=VECTOR)
-                  .distance_type("l2").where(f"goal = '{quoted}'", prefilter=True).bypass_vector_index()
+                  .distance_type("l2").where(f"goal = {sql_str(goal)}", prefilter=True).bypass_vector_index()
                   .select(["advantage_m", "_distance"]).limit(self.k).to_arrow())
         index = (result.column("query_index").to_numpy() if "query_index" in result.column_names
                  else np.zeros(result.num_rows, dtype=np.int64))
