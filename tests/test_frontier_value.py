@@ -104,6 +104,20 @@ def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path)
         load_decisions(path)
 
 
+def test_a_memory_with_a_damaged_walk_record_names_it_and_keeps_the_others(tmp_path, capsys):
+    from trajrag.memory.value_log import ValueLog
+    from trajrag.planners.frontier_value import decisions_to_bytes
+
+    store = str(tmp_path / "memory")
+    log = ValueLog(store)
+    good = decisions_to_bytes(_decisions(20, seed=4), VOCABULARY, GOALS)
+    assert log.append([("home/0/explore", good), ("home/1/explore", good[:100])]) == 2
+    assert log.append([("home/0/explore", good)]) == 0  # an id already kept is skipped
+    assert main(["value", "fit", "--store", store, "--out", str(tmp_path / "v.json")]) == 2
+    assert "value_decisions[home/1/explore]: not a value decisions file" in capsys.readouterr().err
+    assert sorted(tid for tid, _ in ValueLog(store).rows()) == ["home/0/explore", "home/1/explore"]  # nothing lost
+
+
 def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_error():
     blind = ValueDecision(scene="a", goal="bed", features=np.zeros((2, len(feature_names(VOCABULARY, GOALS)))),
                           cost_m=np.array([np.inf, np.inf]))
