@@ -9,6 +9,7 @@ import pytest
 
 from trajrag import config
 from trajrag.cli import main
+from trajrag.memory.value_log import ValueLog
 from trajrag.planners.frontier_value import (
     FrontierValueModel,
     ValueDecision,
@@ -150,7 +151,7 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     assert json.loads(capsys.readouterr().out)["held_out"] == report["held_out"]
     np.testing.assert_allclose(FrontierValueModel.load(tmp_path / "again.json").weights, model.weights)
     assert main(["value", "fit", "--decisions", str(kept), "--scenes", "procedural:train:2", "--out", "x.json"]) == 2
-    assert "needs one of --scenes and --episodes" in capsys.readouterr().err
+    assert "needs either --scenes and --episodes" in capsys.readouterr().err
 
     store, encoder = nav_memory
     common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",
@@ -174,6 +175,13 @@ def test_a_corpus_keeps_its_exploration_walks_decisions_once_and_the_value_fits_
     assert main(["value", "fit", "--store", store, "--out", str(tmp_path / "value.json"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["walks"] == 2 and report["decisions"] > 2 and report["scenes"] == 2
+    # Kept decisions files and memories fit together: one walk's record (plain .npz) adds its decisions.
+    _, walk = next(ValueLog(store).rows())
+    (tmp_path / "walk.npz").write_bytes(walk)
+    assert main(["value", "fit", "--store", store, "--decisions", str(tmp_path / "walk.npz"),
+                 "--out", str(tmp_path / "both.json"), "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["decisions"] == report["decisions"] + len(load_decisions(tmp_path / "walk.npz")[0])
     # Oracle walks make no frontier decisions: nothing to fit on, and the error says what to do.
     oracle = str(tmp_path / "oracle")
     assert main([*build, "--policy", "oracle", "--store", oracle]) == 0

@@ -179,14 +179,14 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
 def fit_value_stage(store: str, value: str, overrides: list[str], say, corpus_grew: bool) -> dict:
     """Stage 3: the frontier value from the decisions of the corpus's exploration walks (kept
     when ``value`` exists and the corpus did not grow)."""
-    from trajrag.cli.value import fit_value_from_store
+    from trajrag.cli.value import fit_value_from_kept
     from trajrag.planners.frontier_value import FrontierValueModel
 
     if Path(value).is_file() and not corpus_grew:
         say(f"[3/5] value: keeping {value}")
         return FrontierValueModel.load(value).report
     say(f"[3/5] value: fitted on the decisions of the corpus's exploration walks ({store}) -> {value}")
-    report = fit_value_from_store(store, value, overrides)
+    report = fit_value_from_kept([], [store], value, overrides)
     held_out = report.get("held_out")
     if held_out:
         say("      held-out best pick: value {:.3f}, nearest frontier {:.3f}".format(

@@ -7,9 +7,9 @@ the last ``value.held_out_share`` of the scenes, reports how it ranks the held-o
 to nearest frontier, then fits on every scene and writes the model. The scoring planner uses it
 with ``--set scoring.value_model=VALUE.json``.
 
-``--save-decisions D.npz`` keeps the walked decisions; ``--decisions D1.npz,D2.npz`` fits on kept
-ones instead of walking (several collections together: procedural and Gibson homes, say);
-``--store M`` fits on the decisions a memory kept from its corpus's exploration walks.
+``--save-decisions D.npz`` keeps the walked decisions; instead of walking, ``--decisions
+D1.npz,D2.npz`` fits on kept ones and ``--store M1,M2`` on the decisions memories kept from their
+corpora's exploration walks, both together when given (procedural and Gibson homes, say).
 ``--workers N`` walks the scenes as parallel Ray tasks (``distributed.value_decisions``).
 """
 
@@ -27,6 +27,7 @@ from typing import Iterator
 
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
+from trajrag.world.datasets import check_scene_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--scenes", help=SCENES_HELP)
     fit.add_argument("--episodes", help=EPISODES_HELP)
     fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "
-                     "(comma-separated .npz files; not with --scenes/--episodes)")
-    fit.add_argument("--store", help="fit on the decisions the memory at STORE kept from its exploration walks "
-                     "(trajrag corpus build, corpus.keep_value_decisions) instead of walking")
+                     "(comma-separated .npz files; with --store too, on all of them)")
+    fit.add_argument("--store", help="fit on the decisions the memories at STORE kept from their exploration "
+                     "walks (comma-separated; trajrag corpus build, corpus.keep_value_decisions) instead of walking")
     fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
     fit.add_argument("--workers", type=int, default=0,
@@ -61,19 +62,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def fit_command(args: argparse.Namespace) -> int:
     walk = bool(args.scenes or args.episodes)
-    if walk + bool(args.decisions) + bool(args.store) != 1 or bool(args.scenes) != bool(args.episodes):
-        raise UserError("value fit needs one of --scenes and --episodes (walk and collect), --decisions (kept "
-                        "ones) or --store (a memory's exploration walks)")
+    kept = bool(args.decisions or args.store)
+    if walk == kept or bool(args.scenes) != bool(args.episodes):
+        raise UserError("value fit needs either --scenes and --episodes (walk and collect), or kept decisions: "
+                        "--decisions (files) and/or --store (memories' exploration walks)")
     if args.save_decisions and not walk:
         raise UserError("--save-decisions keeps walked decisions: without --scenes/--episodes there is nothing new "
                         "to keep")
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
-    if args.decisions:
-        report = fit_value_from_files(args.decisions.split(","), args.out, args.overrides)
-    elif args.store:
-        report = fit_value_from_store(args.store, args.out, args.overrides)
+    if kept:
+        report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.overrides)
     else:
+        check_scene_spec(args.scenes)  # before a Ray cluster starts
         with value_ray(args.workers, args.ray_address):
             report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
                                save_decisions=args.save_decisions, workers=args.workers)
@@ -132,24 +133,38 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
                          {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec})
 
 
-def fit_value_from_files(paths: list[str], out: str, overrides: list[str]) -> dict:
-    """Fit on decisions kept by ``--save-decisions`` (every file with the same vocabulary and goals)."""
+def _listed(value: str | None) -> list[str]:
+    return [part for part in (value or "").split(",") if part]
+
+
+def fit_value_from_kept(files: list[str], stores: list[str], out: str, overrides: list[str]) -> dict:
+    """Fit on kept decisions: ``files`` written by ``--save-decisions`` and the exploration walks
+    of the memories at ``stores`` (``memory.value_log``, kept by ``trajrag corpus build`` with
+    ``corpus.keep_value_decisions``), all with the same vocabulary and goals."""
+    collections = [_decisions_file(path) for path in files]
+    source = {"decisions_files": files} if files else {}
+    if stores:
+        walks = [walk for store in stores for walk in _store_walks(store)]
+        collections.extend(walks)
+        source.update(stores=stores, walks=len(walks))
+    what = " and ".join(filter(None, [files and f"the decisions files {files}",
+                                      stores and f"the walks of {stores}"]))
+    return _fit_collections(collections, what, out, overrides, source)
+
+
+def _decisions_file(path: str) -> tuple[list, list[str], list[str]]:
     from trajrag.planners.frontier_value import ValueModelError, load_decisions
 
-    collections = []
-    for path in paths:
-        try:
-            collections.append(load_decisions(path))
-        except FileNotFoundError:
-            raise UserError(f"no decisions file at {path}") from None
-        except ValueModelError as exc:
-            raise UserError(str(exc)) from None
-    return _fit_collections(collections, f"the decisions files {paths}", out, overrides, {"decisions_files": paths})
+    try:
+        return load_decisions(path)
+    except FileNotFoundError:
+        raise UserError(f"no decisions file at {path}") from None
+    except ValueModelError as exc:
+        raise UserError(str(exc)) from None
 
 
-def fit_value_from_store(store: str, out: str, overrides: list[str]) -> dict:
-    """Fit on the decisions of a memory's exploration walks (``memory.value_log``, kept by
-    ``trajrag corpus build`` with ``corpus.keep_value_decisions``)."""
+def _store_walks(store: str) -> list[tuple[list, list[str], list[str]]]:
+    """One ``(decisions, vocabulary, goals)`` per exploration walk the memory at ``store`` kept."""
     from trajrag.memory.store import StoreError
     from trajrag.memory.value_log import ValueLog
     from trajrag.planners.frontier_value import ValueModelError, load_decisions
@@ -164,8 +179,7 @@ def fit_value_from_store(store: str, out: str, overrides: list[str]) -> dict:
     if not collections:
         raise UserError(f"memory {store} keeps no exploration walks' decisions: build it with "
                         "corpus.keep_value_decisions=true and the explore or mix policy, or walk with --scenes/--episodes")
-    return _fit_collections(collections, f"the walks of {store}", out, overrides,
-                            {"store": store, "walks": len(collections)})
+    return collections
 
 
 def _fit_collections(collections: list[tuple[list, list[str], list[str]]], what: str, out: str,

@@ -584,6 +584,7 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     """
     from trajrag import config
     from trajrag.cli import UserError
+    from trajrag.world.datasets import check_scene_spec
 
     started = time.perf_counter()
     cfg: CorpusJobConfig = config.load("corpus_job", overrides)
@@ -592,6 +593,7 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
         raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
+    check_scene_spec(scene_spec)  # a typo fails here, not after the cluster has started
     own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
     actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
     try:
