@@ -206,6 +206,11 @@ def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(t
     assert save_experience(model, _decisions(300, seed=5), path) > 300
     model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), k=16)
     held_out = _decisions(100, seed=6)
+    queried = ExperienceIndex(experience_path(path), len(model.feature_names), k=16, in_memory=False)
+    for d in held_out[:10]:  # the copy in memory and the LanceDB query find the same past candidates
+        vectors = model.standardise(d.features)
+        np.testing.assert_allclose(model.experience.advantage(vectors, d.goal), queried.advantage(vectors, d.goal),
+                                   atol=1e-4)
     # the retrieved past candidates of the best frontier were behind less than those of the others
     wins = [int(np.argmin(model.experience_advantage(d.features, d.goal))) == int(np.argmin(d.cost_m))
             for d in held_out]
@@ -220,10 +225,11 @@ def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(t
         ScoringPlanner(None, config.load("scoring"), model)
 
 
-def test_experience_bench_finds_exactly_what_numpy_finds(capsys):
+def test_experience_held_in_memory_finds_what_the_lancedb_query_finds(capsys):
     assert main(["bench", "experience", "--chunks", "3000", "--json", "--set", "experience_bench.decisions=20",
                  "--set", "experience_bench.warmup=2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["experience_rows"] == 3000 and out["decisions"] == 20 and out["k"] == config.load("scoring").experience_k
-    assert out["agreement"] == 1.0  # the goal-prefiltered LanceDB search is exact
-    assert out["experience_ms_p50"] > 0 and out["numpy_exact_ms_p50"] > 0
+    # Both searches are exact: the same neighbours, bar a float32 near-tie swapping one at the k-th place.
+    assert out["agreement"] >= 0.95 and out["max_difference_m"] <= config.load("value").experience_cap_m / out["k"]
+    assert out["experience_ms_p50"] > 0 and out["lancedb_ms_p50"] > 0 and out["speedup_p50"] > 0

@@ -235,7 +235,8 @@ def held_out_ranking(model, training: list, testing: list, overrides: list[str])
     with tempfile.TemporaryDirectory() as scratch:
         path = f"{scratch}/held-out.json"
         save_experience(model, training, path)
-        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k)
+        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k,
+                                           scoring.experience_in_memory)
         ranking["value_and_experience"] = ranking_quality(
             testing, lambda x, goal: model.score_with_experience(x, goal, scoring.w_experience), tolerance_m)
     return ranking

@@ -356,8 +356,9 @@ def load_value_model(path: str, overrides: Sequence[str] = ()) -> Optional[Front
     model = FrontierValueModel.load(path)
     model.check_vocabulary(config.load("navigator", overrides).vocabulary)
     if experience_path(path).exists():
-        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names),
-                                           config.load("scoring", overrides).experience_k)
+        scoring = config.load("scoring", overrides)
+        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k,
+                                           scoring.experience_in_memory)
     return model
 
 

@@ -54,6 +54,7 @@ class ScoringConfig:
     w_value: float
     w_experience: float
     experience_k: int
+    experience_in_memory: bool
 
 
 class ScoringPlanner(RetrievalTimings):

@@ -8,11 +8,16 @@ its goal category and its *advantage*: the metres it was behind the best candida
 decision (0 for the best one, capped at ``value.experience_cap_m``).
 
 At a decision, ``ExperienceIndex.advantage`` retrieves, for each candidate, the
-``value.experience_k`` nearest past candidates searched for the same goal (one multi-vector
-LanceDB query, L2 in the standardised feature space) and returns their mean advantage: the
-metres a candidate like this one was typically behind the best. The scoring planner subtracts
-``w_experience`` times it. It is non-parametric: it sees what the linear value cannot (a small
-frontier far away *and* opening on unknown space) and grows with every walk collected.
+``value.experience_k`` nearest past candidates searched for the same goal (exact L2 in the
+standardised feature space) and returns their mean advantage: the metres a candidate like this
+one was typically behind the best. The scoring planner subtracts ``w_experience`` times it. It is
+non-parametric: it sees what the linear value cannot (a small frontier far away *and* opening on
+unknown space) and grows with every walk collected.
+
+LanceDB stores the table; the search runs on a copy held in memory, one float32 matrix per goal
+(``scoring.experience_in_memory``, on: ~10x faster than a flat LanceDB query with a goal
+prefilter, `trajrag bench experience`; 100k candidates of ~150 features are ~60 MB). Off, each
+decision is one multi-vector LanceDB query instead, for tables larger than an evaluator's memory.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def write_experience(path: str | Path, goals: list[str], vectors: np.ndarray, ad
 class ExperienceIndex:
     """The experience table of one value model, searched per decision (module docstring)."""
 
-    def __init__(self, path: str | Path, width: int, k: int) -> None:
+    def __init__(self, path: str | Path, width: int, k: int, in_memory: bool = True) -> None:
         import lancedb
 
         self.path, self.k = Path(path), int(k)
@@ -73,18 +78,26 @@ class ExperienceIndex:
         if field.type.list_size != width:
             raise ExperienceError(f"{self.path}: vectors of {field.type.list_size} features, the value model has "
                                   f"{width}: the table belongs to another model; fit it again with `trajrag value fit`")
-        goal_rows = self.table.search().select(["goal"]).limit(None).to_arrow().column("goal")
-        self.goals = set(goal_rows.unique().to_pylist())
-        self.rows = len(goal_rows)
+        columns = ["goal", VECTOR, "advantage_m"] if in_memory else ["goal"]
+        rows = self.table.search().select(columns).limit(None).to_arrow()
+        self.rows = rows.num_rows
+        goal_of = rows.column("goal").to_numpy(zero_copy_only=False)
+        self.goals = set(goal_of.tolist())
+        self.by_goal = _split_by_goal(rows, goal_of, width) if in_memory else None
 
     def advantage(self, vectors: np.ndarray, goal: str) -> np.ndarray:
         """float (C,): for each standardised candidate vector, the mean advantage (metres behind
         the best) of its ``k`` nearest past candidates with the same goal; 0 for a goal never
         seen in the table (no experience: no penalty)."""
         vectors = np.asarray(vectors, dtype=np.float32)
-        out = np.zeros(len(vectors))
         if goal not in self.goals or not len(vectors):
-            return out
+            return np.zeros(len(vectors))
+        if self.by_goal is not None:
+            return self.by_goal[goal].mean_advantage(vectors, self.k)
+        return self._lancedb_advantage(vectors, goal)
+
+    def _lancedb_advantage(self, vectors: np.ndarray, goal: str) -> np.ndarray:
+        """The same search as one multi-vector LanceDB query (flat, goal prefilter)."""
         result = (self.table.search(vectors if len(vectors) > 1 else vectors[0], vector_column_name=VECTOR)
                   .distance_type("l2").where(f"goal = {sql_str(goal)}", prefilter=True).bypass_vector_index()
                   .select(["advantage_m", "_distance"]).limit(self.k).to_arrow())
@@ -93,4 +106,27 @@ class ExperienceIndex:
         advantage = result.column("advantage_m").to_numpy().astype(float)
         sums = np.bincount(index, weights=advantage, minlength=len(vectors))
         counts = np.bincount(index, minlength=len(vectors))
-        return np.divide(sums, counts, out=out, where=counts > 0)
+        return np.divide(sums, counts, out=np.zeros(len(vectors)), where=counts > 0)
+
+
+class GoalRows:
+    """One goal's past candidates in memory: vectors (N, F) float32 and advantages (N,) metres."""
+
+    def __init__(self, vectors: np.ndarray, advantage_m: np.ndarray) -> None:
+        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.squared_norms = np.einsum("ij,ij->i", self.vectors, self.vectors)
+        self.advantage_m = np.asarray(advantage_m, dtype=float)
+
+    def mean_advantage(self, queries: np.ndarray, k: int) -> np.ndarray:
+        """Mean advantage of each query's ``k`` nearest rows (exact squared L2; all rows when
+        fewer than ``k``)."""
+        k = min(k, len(self.vectors))
+        distance = self.squared_norms[None] - 2.0 * (queries @ self.vectors.T)  # + |q|^2: same order per query
+        nearest = np.argpartition(distance, k - 1, axis=1)[:, :k]
+        return self.advantage_m[nearest].mean(axis=1)
+
+
+def _split_by_goal(rows: pa.Table, goal_of: np.ndarray, width: int) -> dict[str, GoalRows]:
+    vectors = rows.column(VECTOR).combine_chunks().flatten().to_numpy().reshape(-1, width)
+    advantage = rows.column("advantage_m").to_numpy()
+    return {goal: GoalRows(vectors[goal_of == goal], advantage[goal_of == goal]) for goal in np.unique(goal_of)}
