@@ -21,6 +21,7 @@ from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.regroup import regroup
 from trajrag.memory.store import (
     CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError, chunk_schema)
+from trajrag.memory.value_log import ValueLog
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
@@ -486,14 +487,21 @@ def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):
 
 def test_compaction_prunes_history_to_the_versions_kept(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
-    for traj in _trajs(homes, 12, 18, "h"):
+    walks = ValueLog(memory.store.uri)  # a table kept beside the memory's own, compacted with them
+    for i, traj in enumerate(_trajs(homes, 12, 18, "h")):
         memory.insert(traj)  # one commit each: a dozen versions per table
+        walks.append([(f"walk/{i}", b"npz bytes")])
         time.sleep(0.06)  # commits further apart than the pruning margin (50 ms)
     before = {name: len(memory.store.table(name).list_versions()) for name in (CHUNKS, DECISIONS)}
+    before_walks = len(walks.table.list_versions())
     memory.store.compact(keep_versions=3)
     for name in (CHUNKS, DECISIONS):
         # 3 kept, a couple more inside the pruning margin, and the compaction's own versions.
         assert len(memory.store.table(name).list_versions()) <= before[name] - 5
+    walk_table = ValueLog(memory.store.uri).table
+    assert len(walk_table.list_versions()) <= before_walks - 5
+    assert walk_table.stats()["fragment_stats"]["num_fragments"] == 1
+    assert len(list(ValueLog(memory.store.uri).rows())) == 12  # merged, nothing lost
     reopened = _memory(tmp_path, cfg)  # the journal's snapshot survived the pruning
     assert reopened.n_chunks == memory.n_chunks
     versions = reopened.versions()

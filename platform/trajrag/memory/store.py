@@ -484,8 +484,9 @@ class MemoryStore:
     def compact(self, keep_versions: int | None = None) -> None:
         """Drop superseded summary revisions, merge small fragments (one per single insert),
         index the chunk keys, and prune each table's history to its ``keep_versions`` newest
-        versions (None: LanceDB's default, versions younger than 7 days). One journal row
-        records the result.
+        versions (None: LanceDB's default, versions younger than 7 days). Tables other modules
+        keep in the same database (the exploration walks' ``value_decisions``, one append per
+        writer batch) are merged and pruned alike. One journal row records the result.
 
         Pruning matters for speed, not only space: finding a table's newest version lists its
         version files, so every commit slows down as history grows (an append takes ~3 ms at
@@ -505,8 +506,9 @@ class MemoryStore:
              .when_not_matched_insert_all().when_not_matched_by_source_delete(f"revision < {seq}")
              .execute(newest))
         self._index_keys()
-        for name in (*TABLES, COMMITS):
-            table = self._tables[name]
+        side = [self._db.open_table(name) for name in self._db.list_tables().tables
+                if name not in (*TABLES, COMMITS)]
+        for table in (*(self._tables[name] for name in (*TABLES, COMMITS)), *side):
             table.optimize(cleanup_older_than=self._history_age(table, keep_versions))
         self._log("compact")
 

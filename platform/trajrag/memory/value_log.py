@@ -11,7 +11,8 @@ Exactly once, like the chunks: the single writer appends a batch's rows *before*
 trajectories, skipping ids it already holds, so a batch sent again after a crash adds no row
 twice, and a walk whose chunk was stored always has its decisions. The table is outside the
 chunk journal (``memory.store``): a row whose chunk insert then failed is harmless (a rerun
-collects that walk again and its row is skipped by id).
+collects that walk again and its row is skipped by id). ``MemoryStore.compact`` merges its
+one-append-per-batch fragments and prunes its history with the memory's own tables.
 """
 
 from __future__ import annotations
