@@ -27,7 +27,6 @@ from typing import Iterator
 
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
-from trajrag.world.datasets import check_scene_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +73,8 @@ def fit_command(args: argparse.Namespace) -> int:
     if kept:
         report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.overrides)
     else:
+        from trajrag.world.datasets import check_scene_spec
+
         check_scene_spec(args.scenes)  # before a Ray cluster starts
         with value_ray(args.workers, args.ray_address):
             report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
