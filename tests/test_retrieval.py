@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_SIM
+from trajrag.config import load
 from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.planners.graphrag import SceneGraph
 from trajrag.planners.scoring import ScoringConfig, ScoringPlanner, goal_context
@@ -242,6 +243,15 @@ def _experience(goal, end_labels, success=True, similarity=0.9):
     return Experience("t", 0, goal, success, similarity, 0.0, "", sectors=sectors)
 
 
+def _scoring(**changes) -> ScoringConfig:
+    """configs/scoring.yaml's weights (w_similarity 1, w_context 2, 0.25 per metre), no value
+    model or experience, no hysteresis and no kept goal points unless ``changes`` say so."""
+    base = replace(load("scoring"), hysteresis_m=0.0, keep_goal_points=False, w_priors_with_goal_points=1.0,
+                   value_model="", w_experience=0.0)
+    assert (base.w_similarity, base.w_context, base.w_distance_per_m) == (1.0, 2.0, 0.25)  # what the tests assume
+    return replace(base, **changes)
+
+
 class _FixedRetriever:
     def __init__(self, experiences):
         self.experiences = experiences
@@ -264,22 +274,31 @@ def test_scoring_planner_follows_experience_and_reduces_to_nearest_frontier():
     candidates = [_candidate([2, 2]), _candidate([1, 1])]  # bed ahead (near), sink ahead (far)
     ctx = _context(candidates, [2.0, 4.0])
     retriever = _FixedRetriever([_experience("toilet", [0, 1, 1])])
-    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=1.0, end_nodes=2,
-                        keep_goal_points=True, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
-                        w_experience=0.0, experience_k=1)
+    cfg = _scoring(hysteresis_m=1.0, keep_goal_points=True)
     planner = ScoringPlanner(retriever, cfg)
     assert planner.choose(ctx) == 1  # the sink side, worth a 2 m detour
     assert planner.last_retrieval is not None and len(planner.episode_stats()["retrieval_ms"]) == 1
-    blind = ScoringPlanner(retriever, ScoringConfig(0.0, 0.0, 0.25, 0.0, 2, True, 1.0, "", 1.0, 0.0, 1))
+    blind = ScoringPlanner(retriever, _scoring(w_similarity=0.0, w_context=0.0, keep_goal_points=True))
     assert blind.choose(ctx) == NearestFrontierPlanner(0.0).choose(ctx) == 0
+
+
+def test_with_a_value_model_the_value_prices_distance_and_the_nearest_frontier_prior_stays_out():
+    candidates = [_candidate([2, 2]), _candidate([2, 2])]  # the same ends: retrieval prefers neither
+    ctx = _context(candidates, [2.0, 6.0])
+    value = SimpleNamespace(score=lambda features: features[:, 0], per_metre=0.0)  # the far one is 0.5 better
+    features = np.array([[0.0], [0.5]])
+    retrieval = _FixedRetriever([]).retrieve([c.trajectory for c in ctx.candidates], "toilet")
+    priced_by_value = ScoringPlanner(None, _scoring(), value).score(ctx, retrieval, features)
+    assert int(np.argmax(priced_by_value)) == 1
+    # 0.25 per metre on top of the value's own price (the prior, counted twice): 4 m cost 1.0 > 0.5
+    twice = ScoringPlanner(None, _scoring(w_distance_per_m_with_value=0.25), value).score(ctx, retrieval, features)
+    assert int(np.argmax(twice)) == 0
 
 
 def test_scoring_planner_walks_towards_a_projected_goal_only_when_there_is_one():
     candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
     ctx = _context(candidates, [2.0, 2.5])
-    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2,
-                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
-                        w_experience=0.0, experience_k=1)
+    cfg = _scoring()
 
     class _Projecting(_FixedRetriever):
         def __init__(self, points):
@@ -320,9 +339,7 @@ def test_a_projected_goal_point_can_outrank_the_retrieved_priors():
         def retrieve(self, trajectories, goal, place=None):
             return replace(super().retrieve(trajectories, goal), goal_points=np.array([[5.0, 0.0]]))
 
-    cfg = ScoringConfig(w_similarity=1.0, w_context=2.0, w_distance_per_m=0.25, hysteresis_m=0.0, end_nodes=2,
-                        keep_goal_points=False, w_priors_with_goal_points=1.0, value_model="", w_value=1.0,
-                        w_experience=0.0, experience_k=1)
+    cfg = _scoring()
     assert ScoringPlanner(_Projecting(experiences), cfg).choose(ctx) == 0  # the priors win
     trusting = replace(cfg, w_priors_with_goal_points=0.0)
     assert ScoringPlanner(_Projecting(experiences), trusting).choose(ctx) == 1  # the way to the goal

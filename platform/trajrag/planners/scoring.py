@@ -21,8 +21,9 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
   most like this one were behind their decision's best (``retrieval.experience``), retrieved.
 
 score = w_similarity * similarity + w_context * context + w_value * value - w_experience *
-behind - w_distance_per_m * distance. With both experience weights at 0 and no value model this is the nearest-frontier
-planner. While goal points are projected, the two experience terms are scaled by
+behind - w_distance_per_m * distance, where a value model replaces w_distance_per_m by
+``w_distance_per_m_with_value`` (the value prices distance itself). With both experience weights
+at 0 and no value model this is the nearest-frontier planner. While goal points are projected, the two experience terms are scaled by
 ``w_priors_with_goal_points`` (0: the way to the remembered goal alone decides).
 """
 
@@ -46,6 +47,7 @@ class ScoringConfig:
     w_similarity: float
     w_context: float
     w_distance_per_m: float
+    w_distance_per_m_with_value: float
     hysteresis_m: float
     end_nodes: int
     keep_goal_points: bool
@@ -118,11 +120,12 @@ class ScoringPlanner(RetrievalTimings):
         if retrieval.goal_points is not None and len(retrieval.goal_points):
             # Where the goal was seen before, the way to it outranks what goals tend to be near.
             priors = cfg.w_priors_with_goal_points * priors
-        scores = priors - cfg.w_distance_per_m * (distance + beyond)
+        # With a value model the distance is priced by the value (its own per_metre) instead.
+        per_metre = cfg.w_distance_per_m if self.value is None else cfg.w_distance_per_m_with_value
+        scores = priors - per_metre * (distance + beyond)
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         if retrieval.goal_points is not None:
             self.last_terms["goal_projection"] = -beyond
-        per_metre = cfg.w_distance_per_m
         if self.value is not None:
             if value_features is None:
                 value_features = candidate_features(ctx, self.value.goals, self.value.config)
