@@ -23,8 +23,9 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
 score = w_similarity * similarity + w_context * context + w_value * value - w_experience *
 behind - w_distance_per_m * distance, where a value model replaces w_distance_per_m by
 ``w_distance_per_m_with_value`` (the value prices distance itself). With both experience weights
-at 0 and no value model this is the nearest-frontier planner. While goal points are projected, the two experience terms are scaled by
-``w_priors_with_goal_points`` (0: the way to the remembered goal alone decides).
+at 0 and no value model this is the nearest-frontier planner. While goal points are projected,
+the two experience terms are scaled by ``w_priors_with_goal_points`` (0: the way to the
+remembered goal alone decides).
 """
 
 from __future__ import annotations
