@@ -41,6 +41,27 @@ def test_doctor_bad_specs_give_one_line_and_exit_2(scenes, episodes, needle, cap
     assert needle in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("scenes,needle", [
+    ("procedural:dev:3", "unknown split"),
+    ("procedural:train:5-2", "empty range"),
+    ("/no/such/train_info.pbz2@rest", "no such file"),
+    ("GIBSON@all", "@held_out or @rest"),
+])
+def test_distributed_jobs_name_a_bad_scene_spec_in_one_line(scenes, needle, gibson_train_path, tmp_path, capsys,
+                                                           monkeypatch):
+    # The scenes load before a Ray cluster is asked for, so a typo costs seconds, not a cluster start.
+    import trajrag.distributed.corpus as corpus_job
+
+    monkeypatch.setattr(corpus_job, "ensure_ray", lambda *a, **k: pytest.fail("Ray started before the scenes loaded"))
+    scenes = scenes.replace("GIBSON", str(gibson_train_path))
+    for argv in (["corpus", "build", "--episodes-per-scene", "1", "--store", str(tmp_path / "memory")],
+                 ["value", "fit", "--episodes", "generated:1", "--out", str(tmp_path / "value.json")]):
+        assert main([*argv, "--scenes", scenes, "--workers", "2"]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    assert not (tmp_path / "memory").exists() and not (tmp_path / "value.json").exists()  # nothing written
+
+
 def test_doctor_rejects_a_pickle_carrying_code(tmp_path, capsys):
     evil = tmp_path / "evil_info.pbz2"
     evil.write_bytes(bz2.compress(pickle.dumps({"Scene": {0: {"origin": print}}})))

@@ -13,7 +13,6 @@ import pytest
 from trajrag.world import episode_io
 from trajrag.world.datasets import (
     DatasetError,
-    check_scene_spec,
     load_episodes,
     load_scenes,
     parse_generated_spec,
@@ -249,15 +248,6 @@ def test_scene_specs(gibson_train_path, scenes):
                                                                      "expected a Gibson")]:
         with pytest.raises(DatasetError, match=why):
             load_scenes(bad)
-
-
-def test_a_distributed_job_checks_its_scene_spec_without_loading_a_scene(gibson_train_path):
-    check_scene_spec(f"{gibson_train_path}@rest")
-    check_scene_spec("procedural:train:40-50")
-    for bad, why in [("procedural:dev:3", "unknown split"), ("procedural:train:5-2", "empty range"),
-                     ("/no/such/train_info.pbz2@rest", "no such file"), (f"{gibson_train_path}@all", "@held_out or @rest")]:
-        with pytest.raises(DatasetError, match=why):
-            check_scene_spec(bad)
 
 
 def test_procedural_spec_loads_that_many_scenes():

@@ -73,12 +73,8 @@ def fit_command(args: argparse.Namespace) -> int:
     if kept:
         report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.overrides)
     else:
-        from trajrag.world.datasets import check_scene_spec
-
-        check_scene_spec(args.scenes)  # before a Ray cluster starts
-        with value_ray(args.workers, args.ray_address):
-            report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
-                               save_decisions=args.save_decisions, workers=args.workers)
+        report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
+                           save_decisions=args.save_decisions, workers=args.workers, ray_address=args.ray_address)
     print(json.dumps({"out": args.out, **report}))
     if not args.json:
         print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
@@ -105,12 +101,13 @@ def value_ray(workers: int, address: str | None) -> Iterator[None]:
 
 
 def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True,
-              save_decisions: str | None = None, workers: int = 0) -> dict:
+              save_decisions: str | None = None, workers: int = 0, ray_address: str | None = None) -> dict:
     """Collect the decisions (kept in ``save_decisions`` when given), report the held-out ranking,
     fit on every scene and write ``out``; returns the model's report (also stored in the file).
 
-    workers: 0 walks in this process; >= 1 walks each scene as a Ray task on the running Ray
-    (``distributed.value_decisions``; same decisions, in the same order)."""
+    workers: 0 walks in this process; >= 1 walks each scene as a Ray task (``value_ray``:
+    the running Ray, ``ray_address``, or a local one, started once the scenes and episodes have
+    loaded; ``distributed.value_decisions``; same decisions, in the same order)."""
     from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
     from trajrag.planners.frontier_value import save_decisions as keep
@@ -125,9 +122,10 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     collect = collect_value_decisions
     if workers > 0:
         from trajrag.distributed.value_decisions import collect_value_decisions_ray as collect
-    decisions, vocabulary = collect(scenes, episodes, goals, config.load("sim", overrides), episode_cfg,
-                                    config.load("audit", overrides), config.load("value", overrides), overrides,
-                                    progress=progress)
+    with value_ray(workers, ray_address):
+        decisions, vocabulary = collect(scenes, episodes, goals, config.load("sim", overrides), episode_cfg,
+                                        config.load("audit", overrides), config.load("value", overrides),
+                                        overrides, progress=progress)
     if save_decisions:
         keep(save_decisions, decisions, vocabulary, goals)
     return fit_and_write(decisions, vocabulary, goals, out, overrides,

@@ -516,17 +516,15 @@ def _generate(scenes: Sequence[Any], scene_refs: dict[str, Any], per_scene: int,
     return [episode for part in ray.get(refs) for episode in part]
 
 
-def _plan(scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None,
+def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None,
           cfg: CorpusJobConfig, progress: bool):
     """Scenes (as object refs), episodes and the trajectory id of each episode (``policy``
     resolved per episode)."""
     from trajrag import config
     from trajrag.agent.collect import episode_policy, trajectory_id
     from trajrag.cli import UserError
-    from trajrag.world.datasets import load_scenes
 
     corpus_cfg = config.load("corpus", overrides)
-    scenes = load_scenes(scene_spec, overrides)
     scene_refs = {scene.name: ray.put(scene) for scene in scenes}
     episode_cfg = config.load("episodes", overrides)
     episodes = _generate(scenes, scene_refs, per_scene, episode_cfg,
@@ -584,7 +582,7 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     """
     from trajrag import config
     from trajrag.cli import UserError
-    from trajrag.world.datasets import check_scene_spec
+    from trajrag.world.datasets import load_scenes
 
     started = time.perf_counter()
     cfg: CorpusJobConfig = config.load("corpus_job", overrides)
@@ -593,25 +591,25 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
         raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
-    check_scene_spec(scene_spec)  # a typo fails here, not after the cluster has started
+    scenes = load_scenes(scene_spec, overrides)  # a bad spec or file fails here, before a cluster starts
     own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
     actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
     try:
-        return _build(cfg, actors, scene_spec, per_scene, policy, list(overrides), seed, progress, started)
+        return _build(cfg, actors, scenes, scene_spec, per_scene, policy, list(overrides), seed, progress, started)
     finally:
         actors.kill_all()
         if own_ray:
             ray.shutdown()
 
 
-def _build(cfg: CorpusJobConfig, actors: _Actors, scene_spec: str, per_scene: int, policy: str,
+def _build(cfg: CorpusJobConfig, actors: _Actors, scenes: list, scene_spec: str, per_scene: int, policy: str,
            overrides: list[str], seed: int | None, progress: bool, started: float) -> dict:
     """Plan, ask the store what is missing, run the pipeline, summarise."""
     from tqdm import tqdm
 
     from trajrag.cli import UserError
 
-    scene_refs, episodes, ids = _plan(scene_spec, per_scene, policy, overrides, seed, cfg, progress)
+    scene_refs, episodes, ids = _plan(scenes, scene_spec, per_scene, policy, overrides, seed, cfg, progress)
     writer = actors.writer()
     try:
         missing = set(ray.get(writer.missing.remote(ids)))

@@ -59,37 +59,15 @@ def load_scenes(spec: str, overrides: Sequence[str] = ()) -> list[Scene]:
     return _select(scenes, selection, spec, overrides) if selection else scenes
 
 
-def check_scene_spec(spec: str) -> None:
-    """``DatasetError`` for a spec that cannot name a scene (its syntax, a missing path), without
-    loading any: a distributed job checks before it starts a Ray cluster."""
-    if spec.startswith(PROCEDURAL_PREFIX):
-        parse_procedural_range(spec)
-        return
-    path, _, selection = spec.partition("@")
-    if selection:
-        _check_selection(selection, spec)
-    if not Path(path).expanduser().exists():
-        raise _missing_path(spec)
-
-
 def _select(scenes: list[Scene], selection: str, spec: str, overrides: Sequence[str]) -> list[Scene]:
     """The ``@held_out`` / ``@rest`` part of a Gibson spec (scene names as in the file, any floor)."""
     held_out = set(load_config(overrides).held_out_scenes)
-    _check_selection(selection, spec)
+    if selection not in ("held_out", "rest"):
+        raise DatasetError(f"scene spec {spec!r}: expected @held_out or @rest after the path, got @{selection}")
     keep = [s for s in scenes if (s.name.split("/")[1] in held_out) == (selection == "held_out")]
     if not keep:
         raise DatasetError(f"scene spec {spec!r}: no scene left (gibson.held_out_scenes = {sorted(held_out)})")
     return keep
-
-
-def _check_selection(selection: str, spec: str) -> None:
-    if selection not in ("held_out", "rest"):
-        raise DatasetError(f"scene spec {spec!r}: expected @held_out or @rest after the path, got @{selection}")
-
-
-def _missing_path(spec: str) -> DatasetError:
-    return DatasetError(f"scene spec {spec!r}: no such file or folder; expected a Gibson "
-                        f"*_info.pbz2 file (or a folder of them) or procedural:SPLIT:N")
 
 
 def parse_procedural_range(spec: str) -> tuple[str, int, int]:
@@ -130,7 +108,8 @@ def _gibson_scenes(path: Path, spec: str, overrides: Sequence[str]) -> list[Scen
             raise DatasetError(f"scene spec {spec!r}: expected a Gibson *_info.pbz2 file")
         files = [path]
     else:
-        raise _missing_path(spec)
+        raise DatasetError(f"scene spec {spec!r}: no such file or folder; expected a Gibson "
+                           f"*_info.pbz2 file (or a folder of them) or procedural:SPLIT:N")
     cfg = load_config(overrides)
     scenes: list[Scene] = []
     for file in files:
