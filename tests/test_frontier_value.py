@@ -106,7 +106,6 @@ def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path)
 
 
 def test_a_memory_with_a_damaged_walk_record_names_it_and_keeps_the_others(tmp_path, capsys):
-    from trajrag.memory.value_log import ValueLog
     from trajrag.planners.frontier_value import decisions_to_bytes
 
     store = str(tmp_path / "memory")
