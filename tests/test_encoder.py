@@ -252,6 +252,9 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
     assert (out / WEIGHTS).is_file() and (out / META).is_file()
     assert json.loads((out / "train.json").read_text())["epochs"] == epochs
     assert list(Path(result.run_path).glob("**/offline-run-*")), "no offline W&B run written"
+    # wandb's import-time temporary folders go with the run: a killed Ray worker never removes
+    # them, and in /tmp every training run would leave two behind.
+    assert list(Path(result.run_path).glob("**/*wandb-media")), "wandb's temporary folders not in the run"
 
     code = main(["encoder", "eval", "--store", store_uri, "--model", str(out), "--json",
                  "--set", f"encoder.node.model_dir={tiny_node_dir}"])

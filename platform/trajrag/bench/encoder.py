@@ -51,7 +51,8 @@ def synthetic_set(n: int, groups: int, min_nodes: int, max_nodes: int, dim: int,
 
 
 def run(args: argparse.Namespace) -> dict:
-    from trajrag.encoder.train import ensure_ray, run_trainer
+    from trajrag.encoder.train import run_trainer
+    from trajrag.ray_cluster import ensure_ray
 
     cfg = load_config(args.overrides)
     bench = cfg.bench
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     cfg = replace(cfg, train=replace(cfg.train, epochs=epochs, wandb_mode="disabled"))
     data = synthetic_set(n, bench.groups, bench.min_nodes, bench.max_nodes, NODE_DIM,
                          cfg.train.seed)
-    ensure_ray(cfg.train.ray_address)
+    ensure_ray(cfg.train.ray_address, quiet=True)
     out: dict = {"trajectories": n, "timed_epochs": epochs - 1, "batch_size": cfg.train.batch_size}
     with tempfile.TemporaryDirectory(prefix="trajrag-bench-encoder-") as storage:
         for workers in bench.workers:

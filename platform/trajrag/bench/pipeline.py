@@ -233,7 +233,7 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[s
 def run(args: argparse.Namespace) -> dict:
     """One JSON object: ``corpus_traj_per_s_1/_2``, ``eval_episodes_per_h_1/_2``,
     ``serve_ms_p50``, ``serve_ms_p99`` and details."""
-    from trajrag.distributed.corpus import ensure_ray
+    from trajrag.ray_cluster import ensure_ray
     from trajrag.distributed.evaluate import cpus_needed, load_job_config
 
     cfg: PipelineBenchConfig = config.load("pipeline_bench", args.overrides)

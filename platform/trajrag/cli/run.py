@@ -110,7 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
 def pipeline_ray(workers: int) -> Iterator[None]:
     """One local Ray for every stage (or the running one), sized for ``workers`` actors plus the
     Serve replicas of the evaluation; shut down at the end when started here."""
-    from trajrag.distributed.corpus import ensure_ray
+    from trajrag.ray_cluster import ensure_ray
     from trajrag.distributed.evaluate import cpus_needed, load_job_config
 
     if workers < 1:

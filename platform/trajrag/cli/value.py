@@ -90,7 +90,7 @@ def value_ray(workers: int, address: str | None) -> Iterator[None]:
         return
     import ray
 
-    from trajrag.distributed.corpus import ensure_ray
+    from trajrag.ray_cluster import ensure_ray
 
     own = ensure_ray(address, max(os.cpu_count() or 1, workers))
     try:

@@ -53,6 +53,7 @@ from trajrag.distributed.shards import (
     first_line,
     timed_items,
 )
+from trajrag.ray_cluster import ensure_ray
 
 # Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
 # (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
@@ -471,22 +472,6 @@ class _Pipeline:
 
 
 # -- entry points ---------------------------------------------------------------------------------
-def ensure_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
-    """Connect to ``address`` (or ``$RAY_ADDRESS``) or start a local Ray; True if we started it.
-
-    Locally the dashboard stays off and usage stats are disabled (DESIGN.md: offline).
-    """
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
-    return True
-
-
 def _scene_episodes(scene: Any, per_scene: int, episode_cfg: Any, seed: int) -> list:
     """One scene's episodes (a Ray task; episode generation is seeded per scene, so the union
     over scenes equals ``generate_episodes`` over all of them)."""

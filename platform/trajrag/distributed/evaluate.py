@@ -49,7 +49,7 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
 from trajrag.agent.evaluate import AgentRun
-from trajrag.distributed.corpus import FaultPlan, ensure_ray
+from trajrag.distributed.corpus import FaultPlan
 from trajrag.distributed.shards import (
     ActorDown,
     SceneCache,
@@ -60,6 +60,7 @@ from trajrag.distributed.shards import (
     timed_items,
 )
 from trajrag.distributed.serve_planner import PlannerServeConfig
+from trajrag.ray_cluster import ensure_ray
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
 SERVED_PLANNERS = ("trajrag",)

@@ -185,7 +185,7 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
 
     from trajrag import config
     from trajrag.cli import UserError
-    from trajrag.distributed.corpus import ensure_ray
+    from trajrag.ray_cluster import ensure_ray
 
     started = time.perf_counter()
     cfg: SweepConfig = config.load("sweep", overrides)

@@ -46,6 +46,7 @@ from trajrag.encoder.data import (
     split_scenes,
     worker_batches,
 )
+from trajrag.ray_cluster import ensure_ray
 
 NODE_CACHE = "node_cache.safetensors"
 TRAIN_LOG = "train.json"
@@ -183,13 +184,27 @@ def _wandb_run(cfg: EncoderConfig, config: Mapping[str, Any], resumed_from: int)
     # W&B reads the mode from the environment; the argument alone still asks for an API key.
     os.environ["WANDB_MODE"] = cfg.train.wandb_mode
     os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
-
     folder = Path(config["wandb_dir"])
     folder.mkdir(parents=True, exist_ok=True)
+    wandb = _import_wandb(folder)
     name = config["run_name"] + ("" if resumed_from < 0 else f"-resumed-e{resumed_from}")
     return wandb.init(project=cfg.train.wandb_project, name=name, dir=str(folder),
                       config=config["cfg"], job_type="train-encoder")
+
+
+def _import_wandb(folder: Path):
+    """``import wandb`` with its import-time temporary folders made inside ``folder``.
+
+    wandb creates two folders under the system temp dir when imported (``*wandb-media``,
+    ``*wandb-artifacts``) and removes them at interpreter exit, which a Ray Train worker never
+    reaches: Ray kills it. Made in /tmp, every training run would leave two behind."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        import wandb
+    finally:
+        tempfile.tempdir = saved
+    return wandb
 
 
 def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int, world: int,
@@ -280,23 +295,6 @@ def train_loop_per_worker(config: dict) -> dict:
 
 
 # -- the driver -----------------------------------------------------------------------------------
-def ensure_ray(address: str = "") -> bool:
-    """Connect to ``address``, or use the Ray already initialised here, or start a local one
-    (no dashboard, no usage stats). Returns True when this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet = {"log_to_driver": False, "logging_level": "warning"}
-    if address or os.environ.get("RAY_ADDRESS"):
-        # Joining a cluster: local-instance options such as include_dashboard are not allowed.
-        ray.init(address=address or None, **quiet)
-    else:
-        ray.init(include_dashboard=False, **quiet)
-    return True
-
-
 def _use_gpu(setting: str) -> bool:
     import ray
 
@@ -403,7 +401,7 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     node_encoder.save_cache(out / NODE_CACHE)
     say(f"node encoder: {len(data.node_emb)} distinct nodes ({node_encoder.misses} encoded) "
         f"in {time.perf_counter() - t0:.1f} s")
-    ensure_ray(cfg.train.ray_address)
+    ensure_ray(cfg.train.ray_address, quiet=True)
     run_name = f"encoder-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     storage = _storage(cfg, out)
     result = run_trainer(data, cfg, storage, run_name, workers=workers,

@@ -1,0 +1,28 @@
+"""Joining or starting the Ray cluster that every Ray job of the platform runs on."""
+
+from __future__ import annotations
+
+import os
+
+
+def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet: bool = False) -> bool:
+    """Connect to ``address`` (or ``$RAY_ADDRESS``), or use the Ray already initialised in this
+    process, or start a local one with ``num_cpus`` CPUs (None: Ray counts them). Returns True
+    when this call started or joined it, so the caller knows to shut it down.
+
+    Locally the dashboard stays off and usage stats are disabled (DESIGN.md: offline). ``quiet``
+    keeps the workers' output off the driver's terminal (Ray Train prints a report per step).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    logging = {"log_to_driver": False, "logging_level": "warning"} if quiet else {"log_to_driver": True}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        # Joining a cluster: local-instance options (num_cpus, include_dashboard) are not allowed.
+        ray.init(address=address, **logging)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **logging)
+    return True
