@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
 
 
 def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet: bool = False) -> bool:
@@ -26,3 +29,21 @@ def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet:
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **logging)
     return True
+
+
+def import_wandb(folder: str | Path) -> ModuleType:
+    """``import wandb`` in a Ray worker, with wandb's import-time temporary folders made inside
+    ``folder`` (the run's own folder) instead of the system temp dir.
+
+    wandb creates two folders when imported (``tmp*wandb-media``, ``tmp*wandb-artifacts``) and
+    removes them at interpreter exit, which a Ray worker never reaches: Ray kills it. Made in
+    /tmp, every training run would leave two behind for good. (Ray Tune's W&B logging actor
+    imports wandb before any code of ours runs in it, so a sweep still leaves two per trial.)
+    """
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        import wandb
+    finally:
+        tempfile.tempdir = saved
+    return wandb

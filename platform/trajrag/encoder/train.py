@@ -46,7 +46,7 @@ from trajrag.encoder.data import (
     split_scenes,
     worker_batches,
 )
-from trajrag.ray_cluster import ensure_ray
+from trajrag.ray_cluster import ensure_ray, import_wandb
 
 NODE_CACHE = "node_cache.safetensors"
 TRAIN_LOG = "train.json"
@@ -186,25 +186,10 @@ def _wandb_run(cfg: EncoderConfig, config: Mapping[str, Any], resumed_from: int)
     os.environ.setdefault("WANDB_SILENT", "true")
     folder = Path(config["wandb_dir"])
     folder.mkdir(parents=True, exist_ok=True)
-    wandb = _import_wandb(folder)
+    wandb = import_wandb(folder)
     name = config["run_name"] + ("" if resumed_from < 0 else f"-resumed-e{resumed_from}")
     return wandb.init(project=cfg.train.wandb_project, name=name, dir=str(folder),
                       config=config["cfg"], job_type="train-encoder")
-
-
-def _import_wandb(folder: Path):
-    """``import wandb`` with its import-time temporary folders made inside ``folder``.
-
-    wandb creates two folders under the system temp dir when imported (``*wandb-media``,
-    ``*wandb-artifacts``) and removes them at interpreter exit, which a Ray Train worker never
-    reaches: Ray kills it. Made in /tmp, every training run would leave two behind."""
-    saved = tempfile.tempdir
-    tempfile.tempdir = str(folder)
-    try:
-        import wandb
-    finally:
-        tempfile.tempdir = saved
-    return wandb
 
 
 def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int, world: int,
