@@ -50,6 +50,8 @@ def test_two_trial_sweep_writes_best_config_results_and_offline_wandb_runs(ray_s
     # Every trial logged to W&B, offline, inside the experiment folder.
     runs = list((out / "tune").glob("*/*/wandb/offline-run-*"))
     assert len(runs) == 2, runs
+    # wandb's import-time temporary folders too: in /tmp nothing would ever remove them.
+    assert len(list((out / "tune").glob("*/*/*wandb-media"))) == 2
 
 
 def test_default_tuning_scenes_are_train_homes_the_corpus_never_saw():

@@ -23,7 +23,6 @@ offline runs of each trial (``tune/<name>/<trial>/wandb/offline-run-*``).
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -133,10 +132,29 @@ def _agent(overrides: list[str]) -> Any:
     return make_navigator(planner, config.load("sim", overrides), overrides, seed=0)
 
 
+def _trial_wandb(params: dict, project: str) -> Any:
+    """The trial's W&B run, in the trial's folder (``<trial>/wandb/offline-run-*``, offline unless
+    WANDB_MODE says otherwise). Started from the trial itself rather than with Ray's
+    WandbLoggerCallback, whose logging actor imports wandb before any code of ours runs in it,
+    leaving two temporary folders in /tmp per trial (``ray_cluster.import_wandb``)."""
+    from ray import tune
+
+    from trajrag.ray_cluster import import_wandb
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    folder = tune.get_context().get_trial_dir()
+    import_wandb(folder)
+    from ray.air.integrations.wandb import setup_wandb
+
+    return setup_wandb(params, project=project, dir=folder)
+
+
 def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], base_overrides: list[str],
-              chunk_episodes: int) -> None:
+              chunk_episodes: int, wandb_project: str | None) -> None:
     """Evaluate ``params`` chunk by chunk; ``tune.report`` the running means after each chunk:
-    ``sr``, ``spl``, ``dtg_m`` (over finite DTGs), ``episodes``, ``seconds``."""
+    ``sr``, ``spl``, ``dtg_m`` (over finite DTGs), ``episodes``, ``seconds``; the same to the
+    trial's W&B run when ``wandb_project`` is given."""
     from ray import tune
 
     from trajrag import config
@@ -150,6 +168,7 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], b
     episode_cfg = config.load("episodes", overrides)
     agent = _agent(overrides)
     by_name = {scene.name: scene for scene in scenes}
+    wandb_run = _trial_wandb(params, wandb_project) if wandb_project else None
     metrics = []
     for start in range(0, len(episodes), chunk_episodes):
         for episode in episodes[start:start + chunk_episodes]:
@@ -157,8 +176,13 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], b
             metrics.append(result.metrics)
         s = summarize(metrics)
         dtg = s["dtg_m"] if math.isfinite(s["dtg_m"]) else None
-        tune.report({"sr": s["sr"], "spl": s["spl"], "dtg_m": dtg, "episodes": len(metrics),
-                     "seconds": time.perf_counter() - started})
+        report = {"sr": s["sr"], "spl": s["spl"], "dtg_m": dtg, "episodes": len(metrics),
+                  "seconds": time.perf_counter() - started}
+        if wandb_run is not None:
+            wandb_run.log(report)
+        tune.report(report)
+    if wandb_run is not None:  # a trial ASHA stops early never gets here: its offline run stays as logged
+        wandb_run.finish()
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -205,7 +229,8 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
     try:
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, scenes=scenes, episodes=episodes, base_overrides=base,
-                                 chunk_episodes=cfg.chunk_episodes),
+                                 chunk_episodes=cfg.chunk_episodes,
+                                 wandb_project=cfg.wandb_project if cfg.wandb else None),
             {"cpu": cfg.trial_num_cpus})
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_chunks,
                                   grace_period=min(cfg.grace_chunks, n_chunks), reduction_factor=cfg.reduction_factor)
@@ -215,11 +240,8 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
                                         scheduler=scheduler, num_samples=cfg.num_samples,
                                         max_concurrent_trials=cfg.max_concurrent_trials),
             run_config=tune.RunConfig(name=cfg.experiment_name, storage_path=str(out / "tune"),
-                                      callbacks=_callbacks(cfg), verbose=1 if progress else 0))
+                                      verbose=1 if progress else 0))
         results = tuner.fit()
-        # Drop the W&B callback while Ray is still importable: its __del__ needs it.
-        del tuner
-        gc.collect()
     finally:
         if own_ray:
             ray.shutdown()
@@ -236,16 +258,6 @@ def _searcher(cfg: SweepConfig) -> Any:
     from ray.tune.search.optuna import OptunaSearch
 
     return OptunaSearch(seed=cfg.seed)
-
-
-def _callbacks(cfg: SweepConfig) -> list:
-    """W&B per trial (offline by default: WANDB_MODE must be in the environment, DESIGN.md)."""
-    if not cfg.wandb:
-        return []
-    from ray.air.integrations.wandb import WandbLoggerCallback
-
-    return [WandbLoggerCallback(project=cfg.wandb_project, mode=os.environ.get("WANDB_MODE", "offline"),
-                                log_config=True)]
 
 
 def _write_outputs(results: Any, cfg: SweepConfig, out: Path, n_episodes: int, n_chunks: int,
