@@ -33,12 +33,11 @@ def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet:
 
 def import_wandb(folder: str | Path) -> ModuleType:
     """``import wandb`` in a Ray worker, with wandb's import-time temporary folders made inside
-    ``folder`` (the run's own folder) instead of the system temp dir.
+    ``folder`` (the run's or the trial's own folder) instead of the system temp dir.
 
     wandb creates two folders when imported (``tmp*wandb-media``, ``tmp*wandb-artifacts``) and
     removes them at interpreter exit, which a Ray worker never reaches: Ray kills it. Made in
-    /tmp, every training run would leave two behind for good. (Ray Tune's W&B logging actor
-    imports wandb before any code of ours runs in it, so a sweep still leaves two per trial.)
+    /tmp, every training run and every sweep trial would leave two behind for good.
     """
     saved = tempfile.tempdir
     tempfile.tempdir = str(folder)
