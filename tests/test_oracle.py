@@ -153,3 +153,20 @@ def test_sim_bench_reports_steps_and_oracle_figures(capsys):
     assert out["steps_per_s_640x480"] > 0 and out["steps_per_s_160x120"] > out["steps_per_s_640x480"]
     assert main(["bench", "sim", "--quick", "--set", "bench.oracle_procedural_scenes=procedural:vall:2"]) == 2
     assert "vall" in capsys.readouterr().err
+
+
+def test_corpus_oracle_walks_can_look_around_first_and_see_more_for_no_extra_path():
+    from trajrag.agent.collect import Collector
+
+    scenes = load_scenes("procedural:val:1")
+    episode = generate_episodes(scenes, 1, config.load("episodes"), seed=3)[0]
+    collectors = [Collector(), Collector(["corpus.oracle_look_around_turns=12"])]
+    plain, looked = (c.collect_one(episode, scenes[0], "oracle") for c in collectors)
+    explored = [int(c.agents["oracle"].builder.map.explored.sum()) for c in collectors]
+    assert looked.result.actions[:12] == [int(Action.TURN_LEFT)] * 12
+    assert looked.result.actions[12:] == plain.result.actions  # then the same walk
+    assert looked.result.metrics.success and plain.result.metrics.success
+    assert looked.result.metrics.path_length == pytest.approx(plain.result.metrics.path_length)
+    assert explored[1] > explored[0]  # it saw more of the home (the start room whole)
+    with pytest.raises(config.ConfigError, match="oracle_look_around_turns"):
+        Collector(["corpus.oracle_look_around_turns=-1"])

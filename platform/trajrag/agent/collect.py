@@ -18,6 +18,7 @@ from trajrag import config
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.map_builder import MapBuilder, RecordingAgent
 from trajrag.topo.trajectory import TopoPolarTrajectory
+from trajrag.world.interface import Action, Observations
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.scene import Scene
 
@@ -32,6 +33,7 @@ class CorpusConfig:
     collector_overrides: list[str]
     seed: int
     keep_value_decisions: bool
+    oracle_look_around_turns: int
 
 
 @dataclass
@@ -61,6 +63,27 @@ def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
     return f"{episode.scene_key}/{episode.episode_id}/{policy}"
 
 
+class LookAroundFirst:
+    """``agent`` after ``turns`` TURN_LEFT actions in place at the start of each episode."""
+
+    def __init__(self, agent, turns: int) -> None:
+        if turns < 0:
+            raise config.ConfigError(f"corpus.oracle_look_around_turns must be >= 0, got {turns}")
+        self.agent = agent
+        self.turns = turns
+        self.left = 0
+
+    def reset(self, episode: ObjectNavEpisode, scene: Scene) -> None:
+        self.left = self.turns
+        self.agent.reset(episode, scene)
+
+    def act(self, observations: Observations) -> Action:
+        if self.left > 0:
+            self.left -= 1
+            return Action.TURN_LEFT
+        return self.agent.act(observations)
+
+
 class Collector:
     """Holds one simulator and one agent per policy; ``collect`` runs episodes one by one."""
 
@@ -77,6 +100,8 @@ class Collector:
         builder = MapBuilder(nav.vocabulary, intrinsics_of(sim_cfg), config.load("mapping", overrides),
                              config.load("perception", overrides), config.load("topo", overrides))
         oracle = OracleAgent(config.load("oracle", overrides), sim_cfg, config.load("episodes", overrides))
+        if self.cfg.oracle_look_around_turns:
+            oracle = LookAroundFirst(oracle, self.cfg.oracle_look_around_turns)
         self.agents = {
             "oracle": RecordingAgent(oracle, builder, seed),
             "explore": make_frontier_agent(sim_cfg, overrides, seed),
