@@ -18,8 +18,8 @@ from trajrag import config
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.map_builder import MapBuilder, RecordingAgent
 from trajrag.topo.trajectory import TopoPolarTrajectory
-from trajrag.world.interface import Action, Observations
 from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.interface import Action, Observations
 from trajrag.world.scene import Scene
 
 POLICIES = ("oracle", "explore", "mix")
@@ -64,7 +64,9 @@ def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
 
 
 class LookAroundFirst:
-    """``agent`` after ``turns`` TURN_LEFT actions in place at the start of each episode."""
+    """``agent`` after ``turns`` TURN_LEFT actions in place at the start of each episode
+    (``corpus.oracle_look_around_turns``: an oracle walk's map then shows its start room whole,
+    which gives the grouping more places to recognise; turns add no path length)."""
 
     def __init__(self, agent, turns: int) -> None:
         if turns < 0:
