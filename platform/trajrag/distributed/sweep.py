@@ -224,7 +224,6 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
     base = [f"retrieval.store={_absolute(store)}", f"retrieval.model_dir={_absolute(model_dir)}", *overrides]
     scenes, episodes = tuning_episodes(cfg, base)
     n_chunks = math.ceil(len(episodes) / cfg.chunk_episodes)
-    os.environ.setdefault("WANDB_MODE", "offline")  # before Ray starts: workers inherit it
     own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.max_concurrent_trials * cfg.trial_num_cpus))
     try:
         trainable = tune.with_resources(
