@@ -155,18 +155,24 @@ def test_sim_bench_reports_steps_and_oracle_figures(capsys):
     assert "vall" in capsys.readouterr().err
 
 
-def test_corpus_oracle_walks_can_look_around_first_and_see_more_for_no_extra_path():
+def test_corpus_oracle_walks_can_look_around_first_and_at_the_goal_and_see_more_for_no_extra_path():
     from trajrag.agent.collect import Collector
 
     scenes = load_scenes("procedural:val:1")
     episode = generate_episodes(scenes, 1, config.load("episodes"), seed=3)[0]
-    collectors = [Collector(), Collector(["corpus.oracle_look_around_turns=12"])]
-    plain, looked = (c.collect_one(episode, scenes[0], "oracle") for c in collectors)
+    collectors = [Collector(), Collector(["corpus.oracle_look_around_turns=12"]),
+                  Collector(["corpus.oracle_look_around_turns=12", "corpus.oracle_look_around_at_goal_turns=12"])]
+    plain, first, both = (c.collect_one(episode, scenes[0], "oracle") for c in collectors)
     explored = [int(c.agents["oracle"].builder.map.explored.sum()) for c in collectors]
-    assert looked.result.actions[:12] == [int(Action.TURN_LEFT)] * 12
-    assert looked.result.actions[12:] == plain.result.actions  # then the same walk
-    assert looked.result.metrics.success and plain.result.metrics.success
-    assert looked.result.metrics.path_length == pytest.approx(plain.result.metrics.path_length)
-    assert explored[1] > explored[0]  # it saw more of the home (the start room whole)
-    with pytest.raises(config.ConfigError, match="oracle_look_around_turns"):
-        Collector(["corpus.oracle_look_around_turns=-1"])
+    turn_left, stop = int(Action.TURN_LEFT), int(Action.STOP)
+    assert first.result.actions[:12] == [turn_left] * 12
+    assert first.result.actions[12:] == plain.result.actions  # then the same walk
+    assert both.result.actions[:-13] == first.result.actions[:-1]  # the same walk, then
+    assert both.result.actions[-13:] == [turn_left] * 12 + [stop]  # a look around before it STOPs
+    for walk in (plain, first, both):
+        assert walk.result.metrics.success
+        assert walk.result.metrics.path_length == pytest.approx(plain.result.metrics.path_length)
+    assert explored[0] < explored[1] < explored[2]  # each look around saw more of the home
+    for key in ("oracle_look_around_turns", "oracle_look_around_at_goal_turns"):
+        with pytest.raises(config.ConfigError, match=key):
+            Collector([f"corpus.{key}=-1"])

@@ -34,6 +34,7 @@ class CorpusConfig:
     seed: int
     keep_value_decisions: bool
     oracle_look_around_turns: int
+    oracle_look_around_at_goal_turns: int
 
 
 @dataclass
@@ -63,27 +64,36 @@ def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
     return f"{episode.scene_key}/{episode.episode_id}/{policy}"
 
 
-class LookAroundFirst:
-    """``agent`` after ``turns`` TURN_LEFT actions in place at the start of each episode
-    (``corpus.oracle_look_around_turns``: an oracle walk's map then shows its start room whole,
-    which gives the grouping more places to recognise; turns add no path length)."""
+class LookAround:
+    """``agent`` with looks around in place: ``first`` TURN_LEFT actions at the start of each
+    episode, and ``at_goal`` more when it first STOPs (``corpus.oracle_look_around_turns`` and
+    ``corpus.oracle_look_around_at_goal_turns``). An oracle walk's map then shows its start room,
+    and its goal room, whole, which gives the grouping more places to recognise; turns add
+    steps, not path length. The wrapped agent must STOP again when asked again where it stood
+    (the oracle STOPs anywhere in the goal region)."""
 
-    def __init__(self, agent, turns: int) -> None:
-        if turns < 0:
-            raise config.ConfigError(f"corpus.oracle_look_around_turns must be >= 0, got {turns}")
+    def __init__(self, agent, first: int, at_goal: int = 0) -> None:
+        for key, turns in (("oracle_look_around_turns", first), ("oracle_look_around_at_goal_turns", at_goal)):
+            if turns < 0:
+                raise config.ConfigError(f"corpus.{key} must be >= 0, got {turns}")
         self.agent = agent
-        self.turns = turns
-        self.left = 0
+        self.first = first
+        self.at_goal = at_goal
+        self.first_left = self.goal_left = 0
 
     def reset(self, episode: ObjectNavEpisode, scene: Scene) -> None:
-        self.left = self.turns
+        self.first_left, self.goal_left = self.first, self.at_goal
         self.agent.reset(episode, scene)
 
     def act(self, observations: Observations) -> Action:
-        if self.left > 0:
-            self.left -= 1
+        if self.first_left > 0:
+            self.first_left -= 1
             return Action.TURN_LEFT
-        return self.agent.act(observations)
+        action = self.agent.act(observations)
+        if action == Action.STOP and self.goal_left > 0:
+            self.goal_left -= 1
+            return Action.TURN_LEFT
+        return action
 
 
 class Collector:
@@ -102,8 +112,8 @@ class Collector:
         builder = MapBuilder(nav.vocabulary, intrinsics_of(sim_cfg), config.load("mapping", overrides),
                              config.load("perception", overrides), config.load("topo", overrides))
         oracle = OracleAgent(config.load("oracle", overrides), sim_cfg, config.load("episodes", overrides))
-        if self.cfg.oracle_look_around_turns:
-            oracle = LookAroundFirst(oracle, self.cfg.oracle_look_around_turns)
+        if self.cfg.oracle_look_around_turns or self.cfg.oracle_look_around_at_goal_turns:
+            oracle = LookAround(oracle, self.cfg.oracle_look_around_turns, self.cfg.oracle_look_around_at_goal_turns)
         self.agents = {
             "oracle": RecordingAgent(oracle, builder, seed),
             "explore": make_frontier_agent(sim_cfg, overrides, seed),
