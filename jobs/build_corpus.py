@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, apply_presets
 from trajrag.cli.episodes import SCENES_HELP
 from trajrag.config import ConfigError
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from trajrag.distributed.corpus import build_corpus_ray
 
     try:
+        apply_presets(args)
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.overrides, seed=args.seed, workers=args.workers,
                                    progress=not args.json, ray_address=args.ray_address)

@@ -18,7 +18,7 @@ import contextlib
 import json
 import sys
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, apply_presets
 from trajrag.config import ConfigError
 
 
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from trajrag.world.datasets import DATA_ERRORS
 
     try:
+        apply_presets(args)
         # Tune prints its tables to stdout: keep stdout for the summary JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
             summary = sweep(args.store, args.model, args.out, args.overrides, num_samples=args.samples,

@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from trajrag.cli import add_override_arg
+from trajrag.cli import add_override_arg, apply_presets
 from trajrag.config import ConfigError
 
 
@@ -41,11 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     from trajrag.encoder.train import train_encoder
     from trajrag.memory.store import StoreError
 
-    overrides = list(args.overrides)
-    if args.ray_address:
-        overrides.append(f"encoder.train.ray_address={args.ray_address}")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
+        apply_presets(args)
+        overrides = list(args.overrides)
+        if args.ray_address:
+            overrides.append(f"encoder.train.ray_address={args.ray_address}")
         result = train_encoder(args.store, args.out, workers=args.workers, overrides=overrides,
                                log=log)
         summary: dict = {"train": asdict(result)}

@@ -139,6 +139,32 @@ def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evide
     assert "too few to fit" in capsys.readouterr().err
 
 
+def test_a_preset_is_its_overrides_a_set_wins_over_it_and_bad_ones_are_named(nav_memory, tmp_path, monkeypatch,
+                                                                              capsys):
+    from trajrag import config
+
+    store, _ = nav_memory
+    overrides = config.preset_overrides(["home_groups"])
+    memory = config.load("memory", overrides + ["memory.verifier.threshold=1.0"])
+    assert memory.summary_geometry == "map" and memory.verifier.enabled and memory.verifier.threshold == 1.0
+    assert config.load("corpus", overrides).oracle_look_around_at_goal_turns == 12
+    # A regroup with the preset groups exactly as one with its overrides spelled out.
+    by_preset, by_hand = str(tmp_path / "preset"), str(tmp_path / "hand")
+    assert main(["corpus", "regroup", "--store", store, "--out", by_preset, "--json", "--preset", "home_groups"]) == 0
+    spelled = [arg for o in overrides for arg in ("--set", o)]
+    assert main(["corpus", "regroup", "--store", store, "--out", by_hand, "--json", *spelled]) == 0
+    assert _grouping(by_preset) == _grouping(by_hand)
+    capsys.readouterr()
+    # an unknown preset, or a preset with a key its section does not have: one line, exit 2
+    assert main(["corpus", "stats", "--store", store, "--preset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'nope'" in err and "home_groups" in err
+    (tmp_path / "typo.yaml").write_text("memory:\n  verifier:\n    threshhold: 0.5\n")
+    monkeypatch.setattr(config, "presets_dir", lambda: tmp_path)
+    assert main(["corpus", "stats", "--store", store, "--preset", "typo"]) == 2
+    assert "preset 'typo'" in capsys.readouterr().err
+
+
 def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     picture = tmp_path / "group.png"

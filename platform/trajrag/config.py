@@ -5,6 +5,10 @@ live once, in ``configs/<section>.yaml``, next to a comment naming their source.
 the YAML over the dataclass schema (OmegaConf validates types) and then applies command-line
 overrides such as ``sim.width=160``.
 
+A *preset* (``configs/presets/<name>.yaml``, ``--preset NAME`` on the command line) is a named
+set of overrides across sections for one purpose, e.g. memories grouped by home; it expands to
+the same dotted overrides, before any ``--set``, so a ``--set`` still wins.
+
 A section is registered in ``SECTIONS`` by name -> "module:DataclassName"; the YAML file is
 ``configs/<name>.yaml``.
 """
@@ -12,6 +16,7 @@ A section is registered in ``SECTIONS`` by name -> "module:DataclassName"; the Y
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -94,6 +99,47 @@ def load(section: str, overrides: Sequence[str] = ()) -> Any:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def presets_dir() -> Path:
+    """``configs/presets/``: named sets of overrides (module doc)."""
+    return config_dir() / "presets"
+
+
+def preset_overrides(names: Sequence[str]) -> list[str]:
+    """The ``section.key=value`` overrides of the presets ``names``, in order, each checked
+    against its section's schema (an unknown section or key is an error, not ignored)."""
+    overrides: list[str] = []
+    for name in names:
+        path = presets_dir() / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in presets_dir().glob("*.yaml"))
+            raise ConfigError(f"unknown preset {name!r} (no {path}); known: {known}")
+        try:
+            tree = OmegaConf.to_container(OmegaConf.load(path))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        if not isinstance(tree, dict) or not all(isinstance(v, dict) for v in tree.values()):
+            raise ConfigError(f"{path}: expected a mapping of section -> {{key: value}}")
+        own = [f"{key}={value}" for key, value in _dotted(tree)]
+        for section in tree:
+            try:
+                load(section, own)
+            except ConfigError as exc:
+                raise ConfigError(f"preset {name!r}: {exc}") from None
+        overrides += own
+    return overrides
+
+
+def _dotted(tree: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Leaves of a nested mapping as (dotted key, value in override syntax)."""
+    leaves: list[tuple[str, str]] = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            leaves += _dotted(value, f"{prefix}{key}.")
+        else:
+            leaves.append((f"{prefix}{key}", json.dumps(value) if not isinstance(value, str) else value))
+    return leaves
 
 
 def from_dict(schema: type[T], values: dict) -> T:

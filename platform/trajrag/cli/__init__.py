@@ -38,7 +38,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:
-    """The common ``--set section.key=value`` option (repeatable)."""
+    """The common ``--set section.key=value`` and ``--preset NAME`` options (repeatable)."""
+    parser.add_argument(
+        "--preset",
+        dest="presets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="apply configs/presets/NAME.yaml (a named set of overrides, e.g. home_groups); "
+        "--set values win over it",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -47,6 +56,15 @@ def add_override_arg(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override a config value from configs/<section>.yaml, e.g. --set sim.width=160",
     )
+
+
+def apply_presets(args: argparse.Namespace) -> None:
+    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones."""
+    if getattr(args, "presets", None):
+        from trajrag.config import preset_overrides
+
+        args.overrides = preset_overrides(args.presets) + args.overrides
+        args.presets = []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_presets(args)
         return int(args.func(args) or 0)
     except Exception as exc:  # noqa: BLE001 - user errors become one line, the rest re-raise
         if not isinstance(exc, _user_errors()):
