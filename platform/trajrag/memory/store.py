@@ -402,12 +402,15 @@ class MemoryStore:
         futures = {name: self._pool.submit(fn) for name, (fn, _) in writes.items()}
         futures[COMMITS] = self._pool.submit(self._tables[COMMITS].add,
                                              self._journal_row("batch", expected))
-        errors = []
+        errors, actual = [], dict(before)
         for name, future in futures.items():
             try:
-                future.result()
+                version = future.result()
             except Exception as exc:  # noqa: BLE001 - collected, then rolled back
                 errors.append(f"{name}: {exc}")
+                continue
+            if name in actual:
+                actual[name] = int(version)
         if errors:
             try:
                 self.rollback(before)
@@ -417,35 +420,37 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: batch not written, store rolled back to "
                              f"{before}: {'; '.join(errors)}")
         self._snapshot = expected
-        actual = self.versions()
+        # Each write returns the version it made, so no table is polled after the batch.
         if actual != expected:  # e.g. a retried commit took two versions: record what is true
             self._log("batch")
         return dict(self._snapshot)
 
-    def _writes(self, batch: Batch) -> dict[str, tuple[Callable[[], Any], int]]:
-        """Per table: a callable that writes its rows, and how many versions it makes."""
+    def _writes(self, batch: Batch) -> dict[str, tuple[Callable[[], int], int]]:
+        """Per table: a callable that writes its rows and returns the table's new version, and
+        how many versions it makes."""
         t, writes = self._tables, {}
         if batch.vocab:
             vocab = pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA)
-            writes[VOCAB] = (lambda: t[VOCAB].add(vocab), 1)
+            writes[VOCAB] = (lambda: t[VOCAB].add(vocab).version, 1)
         if batch.summaries or batch.tombstones:
             rows = [dict(r, revision=self._seq) for r in [*batch.summaries, *batch.tombstones]]
             summaries = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-            writes[SUMMARIES] = (lambda: t[SUMMARIES].add(summaries), 1)
+            writes[SUMMARIES] = (lambda: t[SUMMARIES].add(summaries).version, 1)
         if batch.decisions:
             decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
-            writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions), 1)
+            writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions).version, 1)
         if batch.chunks or batch.delete_chunk_ids:
             chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim, self.keeps_maps))
             dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
 
-            def write_chunks() -> None:
+            def write_chunks() -> int:
                 # The new chunks first: a reader between the two versions sees a dropped chunk
                 # a moment longer, never a trajectory missing.
                 if chunks.num_rows:
-                    t[CHUNKS].add(chunks)
+                    version = t[CHUNKS].add(chunks).version
                 if dropped:
-                    t[CHUNKS].delete(f"trajectory_id IN ({dropped})")
+                    version = t[CHUNKS].delete(f"trajectory_id IN ({dropped})").version
+                return version
 
             writes[CHUNKS] = (write_chunks, int(chunks.num_rows > 0) + int(bool(dropped)))
         return writes
