@@ -180,3 +180,35 @@ def test_the_inverted_file_keeps_finding_homes_beyond_the_exact_search():
     index.remove_group(0)
     index.set_group(0, homes[0].labels[:, ::3])  # re-added nodes join their nearest lists
     assert 0 in index.candidates(homes[0].labels[:, ::3], 5, 60)
+
+
+def test_probing_every_list_finds_what_the_exact_search_finds_after_adds_and_removals():
+    """The inverted lists are laid out in blocks and re-laid out as nodes come and go: with
+    every list probed, the index must vote exactly as a search over all live nodes."""
+    rng = np.random.default_rng(7)
+    # Random labels: distinct descriptors, so no ties decide which nodes are the nearest.
+    groups = [rng.integers(-3, 15, size=(int(rng.integers(5, 25)), 12)) for _ in range(80)]
+    ivf = IVFParams(min_nodes=400, lists_per_sqrt=1.0, probes=10_000, train_sample=4096,
+                    kmeans_iterations=3, seed=0)
+    index, exact = NodeIndex(128, ivf), NodeIndex(128)
+    one_probe = NodeIndex(128, replace(ivf, probes=1))
+    for g, sectors in enumerate(groups):
+        for ix in (index, exact, one_probe):
+            ix.set_group(g, sectors)
+            if g % 7 == 3:  # removals leave dead rows in blocks and in the lists added since
+                ix.remove_group(g - 2)
+            if g % 5 == 4:  # re-indexed with more nodes: keeps its rows and adds some
+                ix.set_group(g, np.concatenate([sectors, sectors[:3]]))
+    assert index._centroids is not None and index._n_extra > 0
+    for g in range(0, 80, 9):
+        query = rng.integers(-3, 15, size=(12, 12))
+        # A vote is sqrt(margin): float32 sums in another order move a margin by ~1e-7, which
+        # the square root makes ~2e-4 near zero.
+        got, want = ([{g: w for g, w in v.items() if w > 1e-3} for v in ix.node_votes(query, 30)]
+                     for ix in (index, exact))
+        assert [sorted(v) for v in got] == [sorted(v) for v in want]
+        for v, w in zip(got, want):
+            np.testing.assert_allclose([v[k] for k in sorted(v)], [w[k] for k in sorted(w)], atol=2e-4)
+    # Each node sits in the list of its nearest centroid: one probe finds a group's own nodes.
+    live = [g for g in range(80) if g in exact._rows]
+    assert all(one_probe.candidates(groups[g], 1, 5) == [g] for g in live)

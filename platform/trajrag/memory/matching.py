@@ -469,6 +469,10 @@ def pose_evidence(traj: SectorNodes, summary: SectorNodes, result: MatchResult,
 # Sector labels are int8 in the store: codes from UNKNOWN (-3) to 127 shift to 0..130.
 _LABEL_SPAN = 131
 _OFFSETS = np.arange(1, N_SECTORS // 2 + 1)  # every distinct angular offset on the 12-cycle
+# Nodes added since the inverted lists were laid out are gathered row by row at search time;
+# beyond this share of all rows the lists are laid out contiguously again (a copy of the index,
+# ~0.1 s at 100k nodes; rare, since the share is of a growing index).
+_MAX_EXTRA_SHARE = 0.1
 
 
 def node_descriptors(sectors: np.ndarray, dim: int) -> np.ndarray:
@@ -525,6 +529,10 @@ class NodeIndex:
     whose centroids are closest, so a query costs O(sqrt(N)) instead of O(N). The lists are
     retrained whenever the index has doubled since the last training (amortised O(1) per
     insert); nodes added in between join their nearest list.
+
+    At training the descriptors are reordered so that each list is one contiguous block of
+    rows: a probe is then a slice (no gather of scattered rows, which cost more than the dot
+    products). Nodes added since sit at the end, listed per inverted list in ``_extra``.
     """
 
     def __init__(self, dim: int, ivf: IVFParams | None = None) -> None:
@@ -536,8 +544,13 @@ class NodeIndex:
         self._used = 0
         self._dead = 0
         self._centroids: np.ndarray | None = None
-        self._lists: list[list[int]] = []
-        self._frozen: list[np.ndarray] = []
+        # Trained rows of list l: [_bounds[l], _bounds[l + 1]); rows that joined it since: _extra[l]
+        # (a numpy copy of each in _extra_rows, refreshed when the list grew).
+        self._bounds: list[int] = [0]
+        self._extra: list[list[int]] = []
+        self._extra_rows: list[np.ndarray] = []
+        self._n_extra = 0
+        self._list_of = np.full(1024, -1, dtype=np.int64)  # inverted list of each row (-1: none)
         self._trained_at = 0
 
     def __len__(self) -> int:
@@ -563,8 +576,13 @@ class NodeIndex:
         self._rows[group_id] = rows
         if self._centroids is not None and len(extra):
             # Rows already indexed keep their list: filling UNKNOWN sectors moves them little.
-            for row, lst in zip(extra.tolist(), (desc[-len(extra):] @ self._centroids.T).argmax(1)):
-                self._lists[lst].append(row)
+            lists = (desc[-len(extra):] @ self._centroids.T).argmax(1)
+            self._list_of[extra] = lists
+            for row, lst in zip(extra.tolist(), lists.tolist()):
+                self._extra[lst].append(row)
+            self._n_extra += len(extra)
+            if self._n_extra > self._used * _MAX_EXTRA_SHARE:
+                self._repack()  # lays the lists out contiguously again
         self._maybe_train()
 
     def remove_group(self, group_id: int) -> None:
@@ -582,23 +600,36 @@ class NodeIndex:
             grow = max(n, len(self._desc))
             self._desc = np.concatenate([self._desc, np.zeros((grow, self.dim), np.float32)])
             self._owner = np.concatenate([self._owner, np.full(grow, -1, np.int64)])
+            self._list_of = np.concatenate([self._list_of, np.full(grow, -1, np.int64)])
         rows = np.arange(self._used, self._used + n)
         self._used += n
         return rows
 
     def _repack(self) -> None:
+        """Drop removed rows; with an inverted file, lay the lists out contiguously again."""
         live = np.where(self._owner[: self._used] >= 0)[0]
+        self._layout(live, self._list_of[live] if self._centroids is not None else None)
+
+    def _layout(self, live: np.ndarray, lists: np.ndarray | None) -> None:
+        """Keep only rows ``live``, ordered by inverted list ``lists`` (stable) when given."""
+        order = np.argsort(lists, kind="stable") if lists is not None else np.arange(len(live))
+        keep = live[order]
         remap = np.full(self._used, -1, dtype=np.int64)
-        remap[live] = np.arange(len(live))
-        self._desc[: len(live)] = self._desc[live]
-        self._owner[: len(live)] = self._owner[live]
-        self._desc[len(live): self._used] = 0.0
-        self._owner[len(live): self._used] = -1
+        remap[keep] = np.arange(len(keep))
+        n = len(keep)
+        self._desc[:n], self._owner[:n] = self._desc[keep], self._owner[keep]
+        self._list_of[:n] = self._list_of[keep] if lists is None else lists[order]
+        self._desc[n: self._used] = 0.0
+        self._owner[n: self._used] = -1
+        self._list_of[n: self._used] = -1
         self._rows = {g: remap[r] for g, r in self._rows.items()}
-        self._lists = [[r for r in remap[np.asarray(lst, dtype=np.int64)].tolist() if r >= 0]
-                       for lst in self._lists]
-        self._frozen = [np.asarray(lst, dtype=np.int64) for lst in self._lists]
-        self._used, self._dead = len(live), 0
+        if lists is not None:
+            n_lists = len(self._centroids)
+            self._bounds = np.searchsorted(self._list_of[:n], np.arange(n_lists + 1)).tolist()
+            self._extra = [[] for _ in range(n_lists)]
+            self._extra_rows = [np.zeros(0, np.int64) for _ in range(n_lists)]
+            self._n_extra = 0
+        self._used, self._dead = n, 0
 
     def _maybe_train(self) -> None:
         ivf = self.ivf
@@ -618,28 +649,24 @@ class NodeIndex:
         self._centroids = centroids.astype(np.float32)
         assign = np.concatenate([(self._desc[chunk] @ self._centroids.T).argmax(axis=1)
                                  for chunk in np.array_split(live, max(1, len(live) // 8192))])
-        order = np.argsort(assign, kind="stable")
-        bounds = np.searchsorted(assign[order], np.arange(n_lists + 1))
-        self._lists = [live[order[a:b]].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
-        self._frozen = [np.asarray(lst, dtype=np.int64) for lst in self._lists]
+        self._layout(live, assign)
         self._trained_at = len(live)
 
-    def _search_rows(self, query: np.ndarray) -> np.ndarray | None:
-        """Rows to search for a query (None: all of them)."""
-        if self._centroids is None:
-            return None
-        probes = min(self.ivf.probes, len(self._centroids))
-        near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
-        chosen = np.unique(near).tolist()
-        self._freeze(chosen)
-        rows = np.concatenate([self._frozen[lst] for lst in chosen])
-        return rows[self._owner[rows] >= 0]
-
-    def _freeze(self, lists: list[int]) -> None:
-        """Numpy copies of the Python row lists (appended to between trainings)."""
+    def _probed(self, query_node: np.ndarray, lists: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Similarities of one query node to the rows of ``lists``, and those rows' groups
+        (-1: a removed row)."""
+        sims, owners = [], []
         for lst in lists:
-            if len(self._frozen[lst]) != len(self._lists[lst]):
-                self._frozen[lst] = np.asarray(self._lists[lst], dtype=np.int64)
+            lo, hi = self._bounds[lst], self._bounds[lst + 1]
+            sims.append(self._desc[lo:hi] @ query_node)
+            owners.append(self._owner[lo:hi])
+            if self._extra[lst]:
+                if len(self._extra_rows[lst]) != len(self._extra[lst]):
+                    self._extra_rows[lst] = np.asarray(self._extra[lst], dtype=np.int64)
+                rows = self._extra_rows[lst]
+                sims.append(self._desc[rows] @ query_node)
+                owners.append(self._owner[rows])
+        return np.concatenate(sims), np.concatenate(owners)
 
     def candidates(self, sectors: np.ndarray, n: int, neighbours: int) -> list[int]:
         """Group ids of the ``n`` best-voted groups for a query's sector vectors, best first.
@@ -657,36 +684,49 @@ class NodeIndex:
         if not self._rows or len(sectors) == 0:
             return [{} for _ in range(len(sectors))]
         query = node_descriptors(sectors, self.dim)
-        rows = self._search_rows(query)
-        if rows is None:
-            sim = query @ self._desc[: self._used].T  # (K, N)
-            owner = self._owner[: self._used]
-        else:
-            sim = query @ self._desc[rows].T
-            owner = self._owner[rows]
-        total = sim.shape[1]
-        if total == 0:
-            return [{} for _ in range(len(sectors))]
-        m = min(neighbours, total)
-        if m < total:
-            # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
-            top = np.argpartition(sim, total - m - 1, axis=1)[:, total - m - 1:]
-            sims = np.take_along_axis(sim, top, axis=1)
-            order = np.argsort(-sims, axis=1)
-            top, sims = np.take_along_axis(top, order, 1), np.take_along_axis(sims, order, 1)
-            weights = np.sqrt(np.maximum(sims[:, :m] - sims[:, m:], 0.0))
-            top = top[:, :m]
-        else:
-            top = np.broadcast_to(np.arange(total), sim.shape)
-            weights = np.sqrt(np.maximum(sim, 0.0))
-        votes = []
-        for q_owners, q_weights in zip(owner[top].tolist(), weights.tolist()):
-            best: dict[int, float] = {}
-            for g, w in zip(q_owners, q_weights):
-                if g >= 0 and w > best.get(g, 0.0):
-                    best[g] = w
-            votes.append(best)
-        return votes
+        if self._centroids is None:
+            return _votes(query @ self._desc[: self._used].T, self._owner[: self._used], neighbours)
+        probes = min(self.ivf.probes, len(self._centroids))
+        near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+        probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
+        # One (query nodes x longest) matrix: padding has no similarity and no group.
+        width = max(len(sims) for sims, _ in probed)
+        sim = np.full((len(probed), width), -np.inf, dtype=np.float32)
+        owner = np.full((len(probed), width), -1, dtype=np.int64)
+        for k, (sims, owners) in enumerate(probed):
+            sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
+        return _votes(sim, owner, neighbours)
+
+
+def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:
+    """Per row of ``sim`` (query nodes x indexed nodes; -inf: no node there): the best vote for
+    each group among the row's ``neighbours`` most similar nodes (see ``NodeIndex.candidates``).
+    ``owner`` holds the indexed nodes' groups (-1: none), per column or per entry."""
+    total = sim.shape[1]
+    if total == 0:
+        return [{} for _ in range(len(sim))]
+    m = min(neighbours, total)
+    if m < total:
+        # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
+        top = np.argpartition(sim, total - m - 1, axis=1)[:, total - m - 1:]
+        sims = np.take_along_axis(sim, top, axis=1)
+        order = np.argsort(-sims, axis=1)
+        top, sims = np.take_along_axis(top, order, 1), np.take_along_axis(sims, order, 1)
+        # Similarities are >= 0: a row with no (m + 1)-th node measures its margin from 0.
+        weights = np.sqrt(np.maximum(sims[:, :m] - np.maximum(sims[:, m:], 0.0), 0.0))
+        top = top[:, :m]
+    else:
+        top = np.broadcast_to(np.arange(total), sim.shape)
+        weights = np.sqrt(np.maximum(sim, 0.0))
+    groups = owner[top] if owner.ndim == 1 else np.take_along_axis(owner, top, axis=1)
+    votes = []
+    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
+        best: dict[int, float] = {}
+        for g, w in zip(q_owners, q_weights):
+            if g >= 0 and w > best.get(g, 0.0):
+                best[g] = w
+        votes.append(best)
+    return votes
 
 
 def rank_votes(votes: Iterable[dict[int, float]], n: int) -> list[int]:
