@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
@@ -20,7 +22,8 @@ from trajrag.memory.matching import EVIDENCE
 from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.regroup import regroup
 from trajrag.memory.store import (
-    CHUNKS, DECISIONS, SUMMARIES, MemoryStore, StoreError, chunk_schema)
+    CHUNKS, COMMITS, DECISION_SCHEMA, DECISIONS, MARK_COLUMNS, SUMMARIES, MemoryStore, StoreError,
+    chunk_schema)
 from trajrag.memory.value_log import ValueLog
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
@@ -124,19 +127,30 @@ def test_completeness_ceiling_groups_chunks_by_their_true_overlap():
     assert completeness_ceiling(chunks, [None] * 5, min_shared=2, radius_m=0.5) is None
 
 
-@pytest.mark.parametrize("dies", ["chunks", "commits"])
-def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes, dies):
+@pytest.mark.parametrize("dies, made_before_marks", [("chunks", False), ("decisions", False),
+                                                      ("decisions", True)])
+def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes, dies,
+                                                                   made_before_marks):
+    if made_before_marks:  # a store whose batches were journalled in `commits` (a writer upgrades it)
+        import lancedb
+
+        lancedb.connect(str(tmp_path / "memory")).create_table(DECISIONS, schema=pa.schema(
+            [f for f in DECISION_SCHEMA if f.name not in MARK_COLUMNS]))
     batch = _trajs(homes, 24, 4, "b")
     memory = _memory(tmp_path, cfg, batch_size=8)
+    assert memory.store.marks_batches
+    journal_rows = memory.store.count(COMMITS)
     memory.insert_many(batch)
     after_once = _counts(memory.store)
+    # A batch's journal mark rides on its decisions' append: three table writes, not four.
+    assert memory.store.count(COMMITS) == journal_rows
 
     reopened = _memory(tmp_path, cfg, batch_size=8)
     assert {d.action for d in reopened.insert_many(batch)} == {"duplicate"}
     assert _counts(reopened.store) == after_once
 
-    # The process dies while one write of a batch (the chunks, or the journal row) is under way
-    # and the other tables have been written.
+    # The process dies while one write of a batch (the chunks, or the decisions that carry its
+    # journal mark) is under way and the others are written.
     more = _trajs(homes, 8, 5, "c")
 
     def killed(*args, **kwargs):
@@ -146,6 +160,7 @@ def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg
     table.add = killed
     with pytest.raises(KeyboardInterrupt):
         reopened.insert_many(more)
+    reopened.store.close()  # the dead process's other writes are finished (or never happen)
     assert _counts(reopened.store) != after_once  # a half-written batch is on disk
 
     recovered = _memory(tmp_path, cfg, batch_size=8)  # the next writer undoes it
@@ -186,11 +201,15 @@ def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, c
         for start in range(0, 60, 6):
             memory.insert_many(trajs[start:start + 6])
             boundaries.add(memory.store.count(CHUNKS))
+            reads = len(seen)
+            deadline = time.monotonic() + 10
+            while len(seen) == reads and not errors and time.monotonic() < deadline:
+                time.sleep(0.005)  # let the reader read at least once between two batches
     finally:
         stop.set()
         thread.join(timeout=30)
     assert not errors
-    assert len(seen) >= 5
+    assert len(seen) >= 10
     assert set(seen) <= boundaries  # a snapshot never holds part of a batch
     assert seen == sorted(seen)
     assert reader.count(CHUNKS) == memory.n_chunks
@@ -508,3 +527,17 @@ def test_compaction_prunes_history_to_the_versions_kept(tmp_path, cfg, homes):
     reopened.insert_many(_trajs(homes, 3, 19, "after"))
     reopened.rollback(versions)
     assert reopened.n_chunks == memory.n_chunks
+
+
+def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, capsys):
+    from trajrag.cli import main
+
+    assert main(["bench", "store", "--quick", "--json", "--workdir", str(tmp_path / "work")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for size in ("1k", "5k"):
+        assert 0 < result[f"insert_ms_p50_{size}"] <= result[f"insert_ms_p95_{size}"]
+        assert result[f"fs_write_rename_ms_{size}"] > 0
+        assert result[f"chunks_{size}"] > 0.9 * int(size[:-1]) * 1000
+    assert 0 < result["bytes_per_chunk"] <= 4096  # the memory issue's size goal, no embedding
+    assert result["purity"] >= 0.95  # synthetic homes do not merge with one another
+    assert list((tmp_path / "work").iterdir()) == []

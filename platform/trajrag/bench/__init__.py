@@ -1,1 +1,38 @@
-"""bench stage."""
+"""bench stage: ``trajrag bench NAME`` measurements (see ``trajrag.cli.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+# Small files written and renamed to time the folder's filesystem (see ``file_commit_ms``).
+_PROBE_FILES = 200
+_PROBE_BYTES = 4096
+
+
+def work_dir(args: argparse.Namespace, prefix: str) -> str:
+    """A new temporary folder for a bench's store, under ``--workdir`` when given."""
+    parent = getattr(args, "workdir", None)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent or None)
+
+
+def file_commit_ms(folder: str) -> float:
+    """Median time (ms) to write a 4 KiB file and rename it in ``folder``: what a LanceDB commit
+    does a few times (data file, transaction, manifest). Disk-bound benches report it, since a
+    shared machine's disk can be several times slower from one hour to the next."""
+    times = []
+    for i in range(_PROBE_FILES):
+        path = os.path.join(folder, f".probe-{i}")
+        start = time.perf_counter()
+        with open(path, "wb") as f:
+            f.write(b"\0" * _PROBE_BYTES)
+        os.replace(path, path + ".done")
+        times.append(time.perf_counter() - start)
+        os.remove(path + ".done")
+    return round(float(np.median(times)) * 1e3, 3)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from trajrag import config
+from trajrag.bench import work_dir
 
 
 @dataclass
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> dict:
     goal_of = rng.integers(len(goals), size=rows)
     vectors = rng.normal(size=(rows, width)).astype(np.float32)
     advantage = rng.uniform(0.0, 20.0, size=rows).astype(np.float32)
-    work = tempfile.mkdtemp(prefix="trajrag-bench-experience-")
+    work = work_dir(args, "trajrag-bench-experience-")
     try:
         start = time.perf_counter()
         write_experience(f"{work}/x.experience", [goals[g] for g in goal_of], vectors, advantage)

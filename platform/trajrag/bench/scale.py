@@ -37,7 +37,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from trajrag import config
+from trajrag.bench import work_dir
 from trajrag.retrieval.ann import AnnConfig
 
 N_SECTORS = 12
@@ -551,7 +551,7 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--chunks must be >= 1, got {n_chunks}")
     progress = not getattr(args, "json", False)
     rng = np.random.default_rng(cfg.seed)
-    work = tempfile.mkdtemp(prefix="trajrag-bench-scale-")
+    work = work_dir(args, "trajrag-bench-scale-")
     store_uri = cfg.store_dir or os.path.join(work, "memory")
     out: dict = {"chunks_requested": n_chunks}
     try:

@@ -14,6 +14,12 @@ the chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, emb
 Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The generators here
 (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also used by the memory tests.
 
+A single insert's commit is a few small LanceDB appends, each a handful of file writes and
+renames, so on a slow disk the filesystem dominates: ``fs_write_rename_ms_SIZE`` times a 4 KiB
+write + rename in the store's folder just before each size's timing inserts (see
+``trajrag.bench.file_commit_ms``), and ``--workdir /dev/shm`` measures the same inserts on a
+tmpfs, without the disk.
+
 numpy's matrix products use every core by default; on a shared machine that makes the
 prefilter several times slower. Run with ``OPENBLAS_NUM_THREADS=1`` (as Ray workers do with
 ``OMP_NUM_THREADS=1``) for per-worker numbers; the output records the setting.
@@ -25,12 +31,12 @@ import argparse
 import math
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from trajrag.bench import file_commit_ms, work_dir
 from trajrag.memory.matching import N_SECTORS, SECTOR_ANGLE
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -244,7 +250,7 @@ def run(args: argparse.Namespace) -> dict:
     sizes = _QUICK_SIZES if quick else _SIZES
     timing_inserts = _QUICK_TIMING_INSERTS if quick else _TIMING_INSERTS
     verbose = not getattr(args, "json", False)
-    root = tempfile.mkdtemp(prefix="trajrag-bench-store-")
+    root = work_dir(args, "trajrag-bench-store-")
     out: dict = {"chunks_per_scene": _CHUNKS_PER_SCENE, "timing_inserts": timing_inserts,
                  "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default")}
     try:
@@ -259,6 +265,7 @@ def run(args: argparse.Namespace) -> dict:
             if grown:
                 out[f"batch_insert_ms_per_traj_{name}"] = round(
                     (time.perf_counter() - start) * 1e3 / grown, 3)
+            out[f"fs_write_rename_ms_{name}"] = file_commit_ms(root)
             times = []
             for _ in range(timing_inserts):
                 traj = work.next()

@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
                         help="corpus size for benches that take one (scale); default from its config")
+    parser.add_argument("--workdir", default=None, metavar="DIR",
+                        help="folder for the temporary stores of store, scale and experience "
+                             "(default: the system temp folder; a tmpfs such as /dev/shm leaves "
+                             "the disk out of the figures)")
     add_override_arg(parser)
     parser.set_defaults(func=_run)
 

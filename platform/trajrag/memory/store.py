@@ -74,6 +74,12 @@ COMMITS = "commits"
 TABLES = (VOCAB, SUMMARIES, DECISIONS, CHUNKS)  # the data tables
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
+# A batch's journal mark, on its first decision row (null on the others): the batch's seq and
+# the versions of TABLES (in that order) after it. Decisions tables made before marks existed
+# lack these columns (and journalled every batch in ``commits``); a writer adds them.
+MARK_FIELDS = (pa.field("batch_seq", pa.int64(), nullable=True),
+               pa.field("batch_versions", pa.list_(pa.int64(), len(TABLES)), nullable=True))
+MARK_COLUMNS = tuple(f.name for f in MARK_FIELDS)
 ACTIONS = ("new", "merge", "fuse", "redundant", "rejected", "duplicate")
 # Slack when pruning history by age (see MemoryStore._history_age).
 _PRUNE_MARGIN = timedelta(milliseconds=50)
@@ -159,6 +165,7 @@ DECISION_SCHEMA = pa.schema(
         pa.field("other_id", pa.string(), nullable=True),
         pa.field("reason", pa.string()),
         pa.field("created_at", TIMESTAMP),
+        *MARK_FIELDS,
     ]
 )
 
@@ -273,6 +280,8 @@ class MemoryStore:
                 self._log("create")
             else:
                 self.recover()
+            if not self.marks_batches:
+                self._mark_batches()
 
     # -- opening and checking ------------------------------------------------------------------
 
@@ -286,11 +295,14 @@ class MemoryStore:
         expected = {CHUNKS: chunk_schema(self.embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
                     DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
         self.keeps_maps = all(c in self._tables[CHUNKS].schema.names for c in MAP_COLUMNS)
+        self.marks_batches = all(c in self._tables[DECISIONS].schema.names for c in MARK_COLUMNS)
         for name, schema in expected.items():
             have = self._tables[name].schema
             for fld in schema:
                 if name == CHUNKS and fld.name in MAP_COLUMNS and not self.keeps_maps:
                     continue  # a store made before chunks kept their maps
+                if name == DECISIONS and fld.name in MARK_COLUMNS and not self.marks_batches:
+                    continue  # a store made before batches were marked in their decisions
                 if fld.name not in have.names or not have.field(fld.name).type.equals(fld.type):
                     got = have.field(fld.name).type if fld.name in have.names else "missing"
                     raise StoreError(f"memory store {self.uri}: table {name!r} column {fld.name!r} "
@@ -316,19 +328,25 @@ class MemoryStore:
     # -- versions and the journal --------------------------------------------------------------
 
     def _load_journal(self) -> None:
-        """The snapshot is the newest journal row whose versions all exist (<= the tables' own):
-        the row of a batch that failed part-way claims versions that never came."""
-        journal = self._tables[COMMITS]
-        n = journal.count_rows()
-        # seq grows by one per row written (gaps only where a write failed), so the newest rows
-        # have seq >= n - tail.
-        rows = self.read(COMMITS, where=f"seq >= {n - _JOURNAL_TAIL}").to_pylist() if n else []
-        rows.sort(key=lambda r: r["seq"], reverse=True)
+        """The snapshot is the newest journal row or batch mark whose versions all exist (<= the
+        tables' own): the mark of a batch that failed part-way claims versions that never came."""
+        seqs = self.read(COMMITS, ["seq"]).column("seq").to_numpy()
+        # Rows are written in seq order, so the newest few hold the snapshot (failed batches
+        # leave at most one row each).
+        floor = int(np.sort(seqs)[-_JOURNAL_TAIL:][0]) if len(seqs) else 0
+        marks = []
+        if self.marks_batches:
+            marks = [{"seq": m["batch_seq"], "versions": dict(zip(TABLES, m["batch_versions"]))}
+                     for m in self.read(DECISIONS, list(MARK_COLUMNS),
+                                        where=f"batch_seq >= {floor}").to_pylist()]
+        rows = [{"seq": r["seq"], "versions": {name: r[f"{name}_version"] for name in TABLES}}
+                for r in self.read(COMMITS, where=f"seq >= {floor}").to_pylist()] if len(seqs) else []
+        rows = sorted([*rows, *marks], key=lambda r: r["seq"], reverse=True)
         self._seq = int(rows[0]["seq"]) + 1 if rows else 0
         self._snapshot: dict[str, int] | None = None
         current = self.versions()
         for row in rows:
-            versions = {name: int(row[f"{name}_version"]) for name in TABLES}
+            versions = {name: int(v) for name, v in row["versions"].items()}
             if all(versions[name] <= current[name] for name in TABLES):
                 self._snapshot = versions
                 return
@@ -336,10 +354,24 @@ class MemoryStore:
             raise StoreError(f"memory store {self.uri}: no journal row matches the tables' "
                              f"versions {current}; the store was changed by another writer")
 
-    def _journal_row(self, kind: str, versions: dict[str, int]) -> pa.Table:
-        row = {"seq": self._seq, "kind": kind, "created_at": _now()}
+    def _mark_batches(self) -> None:
+        """Give a decisions table made before batch marks their (null) columns: a schema-only
+        change in Lance, journalled like a batch."""
+        try:
+            self._tables[DECISIONS].add_columns(list(MARK_FIELDS))
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"memory store {self.uri}: cannot add the batch mark columns to "
+                             f"table {DECISIONS!r}: {exc}") from exc
+        self._check_schemas()
+        self._log("mark_batches")
+
+    def _take_seq(self) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
+
+    def _journal_row(self, kind: str, versions: dict[str, int], seq: int | None = None) -> pa.Table:
+        row = {"seq": self._take_seq() if seq is None else seq, "kind": kind, "created_at": _now()}
         row.update({f"{name}_version": int(v) for name, v in versions.items()})
-        self._seq += 1
         return pa.Table.from_pylist([row], schema=COMMIT_SCHEMA)
 
     def _log(self, kind: str) -> None:
@@ -398,15 +430,18 @@ class MemoryStore:
         if self.read_only:
             raise StoreError(f"memory store {self.uri}: opened read-only")
         before = self.snapshot()
-        writes = self._writes(batch)
-        if not writes:
+        counts = self._version_counts(batch)
+        if not counts:
             return before
-        expected = dict(before)
-        for name, (_, n_versions) in writes.items():
-            expected[name] += n_versions
-        futures = {name: self._pool.submit(fn) for name, (fn, _) in writes.items()}
-        futures[COMMITS] = self._pool.submit(self._tables[COMMITS].add,
-                                             self._journal_row("batch", expected))
+        expected = {name: before[name] + counts.get(name, 0) for name in TABLES}
+        seq = self._take_seq()
+        # The journal mark rides on the decisions' own append when the batch has decisions.
+        marked = bool(batch.decisions)
+        writes = self._writes(batch, seq, expected if marked else None)
+        futures = {name: self._pool.submit(fn) for name, fn in writes.items()}
+        if not marked:
+            futures[COMMITS] = self._pool.submit(self._tables[COMMITS].add,
+                                                 self._journal_row("batch", expected, seq))
         errors, actual = [], dict(before)
         for name, future in futures.items():
             try:
@@ -430,20 +465,35 @@ class MemoryStore:
             self._log("batch")
         return dict(self._snapshot)
 
-    def _writes(self, batch: Batch) -> dict[str, tuple[Callable[[], int], int]]:
-        """Per table: a callable that writes its rows and returns the table's new version, and
-        how many versions it makes."""
+    @staticmethod
+    def _version_counts(batch: Batch) -> dict[str, int]:
+        """How many versions of each table a batch makes (tables it does not touch: none)."""
+        counts = {VOCAB: int(bool(batch.vocab)),
+                  SUMMARIES: int(bool(batch.summaries or batch.tombstones)),
+                  DECISIONS: int(bool(batch.decisions)),
+                  CHUNKS: int(bool(batch.chunks)) + int(bool(batch.delete_chunk_ids))}
+        return {name: n for name, n in counts.items() if n}
+
+    def _writes(self, batch: Batch, seq: int,
+                mark: dict[str, int] | None) -> dict[str, Callable[[], int]]:
+        """Per table: a callable that writes its rows and returns the table's new version.
+        Summary rows get revision ``seq``; ``mark`` (versions after the batch) goes on the first
+        decision row with ``seq``."""
         t, writes = self._tables, {}
         if batch.vocab:
             vocab = pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA)
-            writes[VOCAB] = (lambda: t[VOCAB].add(vocab).version, 1)
+            writes[VOCAB] = lambda: t[VOCAB].add(vocab).version
         if batch.summaries or batch.tombstones:
-            rows = [dict(r, revision=self._seq) for r in [*batch.summaries, *batch.tombstones]]
+            rows = [dict(r, revision=seq) for r in [*batch.summaries, *batch.tombstones]]
             summaries = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-            writes[SUMMARIES] = (lambda: t[SUMMARIES].add(summaries).version, 1)
+            writes[SUMMARIES] = lambda: t[SUMMARIES].add(summaries).version
         if batch.decisions:
-            decisions = pa.Table.from_pylist(batch.decisions, schema=DECISION_SCHEMA)
-            writes[DECISIONS] = (lambda: t[DECISIONS].add(decisions).version, 1)
+            rows = batch.decisions
+            if mark is not None:
+                rows = [dict(rows[0], batch_seq=seq, batch_versions=[mark[n] for n in TABLES]),
+                        *rows[1:]]
+            decisions = pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
+            writes[DECISIONS] = lambda: t[DECISIONS].add(decisions).version
         if batch.chunks or batch.delete_chunk_ids:
             chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim, self.keeps_maps))
             dropped = ", ".join(sql_str(i) for i in batch.delete_chunk_ids)
@@ -457,7 +507,7 @@ class MemoryStore:
                     version = t[CHUNKS].delete(f"trajectory_id IN ({dropped})").version
                 return version
 
-            writes[CHUNKS] = (write_chunks, int(chunks.num_rows > 0) + int(bool(dropped)))
+            writes[CHUNKS] = write_chunks
         return writes
 
     def update_embeddings(self, trajectory_ids: Iterable[str], embeddings: np.ndarray,
