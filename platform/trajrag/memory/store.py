@@ -28,10 +28,12 @@ Tables:
   revisions (tombstones stay).
 * ``decisions``: what each insert did (``new``, ``merge``, ``redundant``, ``rejected``, and ``fuse``
   when a trajectory joined two groups into one), with group, score, transform and a reason.
-  ``duplicate`` inserts (an id already stored) write nothing.
+  ``duplicate`` inserts (an id already stored) write nothing. The first decision row of a batch
+  also carries the batch's journal mark (``batch_seq``, ``batch_versions``).
 * ``vocab``: label id -> category name. Sector labels are store-wide ids (>= 0 objects, and the
   negative ``topo.labels`` codes), so trajectories with different category lists match.
-* ``commits``: a journal, one row per batch with every data table's version after it.
+* ``commits``: the journal of everything else (creation, rollbacks, compactions, embeddings,
+  and batches without decisions), one row each with every data table's version after it.
 
 Concurrency: **one writer** per store (the collectors of the platform issue funnel their
 trajectories to a single inserter); any number of readers, in other threads or processes, which
@@ -40,10 +42,11 @@ loaded at open plus the ones it has written since, which is exact under the sing
 assumption.
 
 A batch spans several tables and LanceDB commits each table on its own, so batches are made
-atomic with the journal. Every write is an append, except that dropping redundant chunks adds a
-delete, so the versions a batch will produce are known beforehand and its journal row is
-written concurrently with the data (a commit costs about one append, not five). The store's
-*snapshot* is the newest journal row whose versions all exist. If a commit fails part-way, the
+atomic with a journal. Every write is an append, except that dropping redundant chunks adds a
+delete, so the versions a batch will produce are known beforehand and its journal mark (those
+versions) is written with the batch's decision rows, concurrently with the other tables (a
+commit costs about one append, and appends no journal row of its own). The store's *snapshot*
+is the newest journal row or batch mark whose versions all exist. If a commit fails part-way, the
 tables are restored to the previous snapshot at once; if the process died part-way, the next
 writer to open the store finds the tables out of step with the journal and restores them
 (``recover``). A re-insert after a crash therefore sees the whole batch or none of it and never
