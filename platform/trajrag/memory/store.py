@@ -359,7 +359,7 @@ class MemoryStore:
 
     def _mark_batches(self) -> None:
         """Give a decisions table made before batch marks their (null) columns: a schema-only
-        change in Lance, journalled like a batch."""
+        change in Lance, with a journal row of its own."""
         try:
             self._tables[DECISIONS].add_columns(list(MARK_FIELDS))
         except Exception as exc:  # noqa: BLE001
