@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-# Small files written and renamed to time the folder's filesystem (see ``file_commit_ms``).
+# Small files written and renamed to time the folder's filesystem (see ``write_rename_ms``).
 _PROBE_FILES = 200
 _PROBE_BYTES = 4096
 
@@ -22,7 +22,7 @@ def work_dir(args: argparse.Namespace, prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=parent or None)
 
 
-def file_commit_ms(folder: str) -> float:
+def write_rename_ms(folder: str) -> float:
     """Median time (ms) to write a 4 KiB file and rename it in ``folder``: what a LanceDB commit
     does a few times (data file, transaction, manifest). Disk-bound benches report it, since a
     shared machine's disk can be several times slower from one hour to the next."""

@@ -17,7 +17,7 @@ Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The gener
 A single insert's commit is a few small LanceDB appends, each a handful of file writes and
 renames, so on a slow disk the filesystem dominates: ``fs_write_rename_ms_SIZE`` times a 4 KiB
 write + rename in the store's folder just before each size's timing inserts (see
-``trajrag.bench.file_commit_ms``), and ``--workdir /dev/shm`` measures the same inserts on a
+``trajrag.bench.write_rename_ms``), and ``--workdir /dev/shm`` measures the same inserts on a
 tmpfs, without the disk.
 
 numpy's matrix products use every core by default; on a shared machine that makes the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from trajrag.bench import file_commit_ms, work_dir
+from trajrag.bench import work_dir, write_rename_ms
 from trajrag.memory.matching import N_SECTORS, SECTOR_ANGLE
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> dict:
             if grown:
                 out[f"batch_insert_ms_per_traj_{name}"] = round(
                     (time.perf_counter() - start) * 1e3 / grown, 3)
-            out[f"fs_write_rename_ms_{name}"] = file_commit_ms(root)
+            out[f"fs_write_rename_ms_{name}"] = write_rename_ms(root)
             times = []
             for _ in range(timing_inserts):
                 traj = work.next()

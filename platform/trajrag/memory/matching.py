@@ -549,7 +549,6 @@ class NodeIndex:
         self._bounds: list[int] = [0]
         self._extra: list[list[int]] = []
         self._extra_rows: list[np.ndarray] = []
-        self._n_extra = 0
         self._list_of = np.full(1024, -1, dtype=np.int64)  # inverted list of each row (-1: none)
         self._trained_at = 0
 
@@ -559,6 +558,11 @@ class NodeIndex:
     @property
     def n_nodes(self) -> int:
         return self._used - self._dead
+
+    @property
+    def _n_extra(self) -> int:
+        """Rows added since the lists were laid out: all of them sit after the blocks."""
+        return self._used - self._bounds[-1]
 
     def set_group(self, group_id: int, sectors: np.ndarray) -> None:
         """Index (or re-index) all nodes of a group."""
@@ -580,7 +584,6 @@ class NodeIndex:
             self._list_of[extra] = lists
             for row, lst in zip(extra.tolist(), lists.tolist()):
                 self._extra[lst].append(row)
-            self._n_extra += len(extra)
             if self._n_extra > self._used * _MAX_EXTRA_SHARE:
                 self._repack()  # lays the lists out contiguously again
         self._maybe_train()
@@ -628,7 +631,6 @@ class NodeIndex:
             self._bounds = np.searchsorted(self._list_of[:n], np.arange(n_lists + 1)).tolist()
             self._extra = [[] for _ in range(n_lists)]
             self._extra_rows = [np.zeros(0, np.int64) for _ in range(n_lists)]
-            self._n_extra = 0
         self._used, self._dead = n, 0
 
     def _maybe_train(self) -> None:

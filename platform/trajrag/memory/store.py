@@ -438,11 +438,9 @@ class MemoryStore:
             return before
         expected = {name: before[name] + counts.get(name, 0) for name in TABLES}
         seq = self._take_seq()
-        # The journal mark rides on the decisions' own append when the batch has decisions.
-        marked = bool(batch.decisions)
-        writes = self._writes(batch, seq, expected if marked else None)
+        writes = self._writes(batch, seq, expected)
         futures = {name: self._pool.submit(fn) for name, fn in writes.items()}
-        if not marked:
+        if not batch.decisions:  # else the journal mark rides on the decisions' own append
             futures[COMMITS] = self._pool.submit(self._tables[COMMITS].add,
                                                  self._journal_row("batch", expected, seq))
         errors, actual = [], dict(before)
@@ -478,10 +476,10 @@ class MemoryStore:
         return {name: n for name, n in counts.items() if n}
 
     def _writes(self, batch: Batch, seq: int,
-                mark: dict[str, int] | None) -> dict[str, Callable[[], int]]:
+                after: dict[str, int]) -> dict[str, Callable[[], int]]:
         """Per table: a callable that writes its rows and returns the table's new version.
-        Summary rows get revision ``seq``; ``mark`` (versions after the batch) goes on the first
-        decision row with ``seq``."""
+        Summary rows get revision ``seq``; the first decision row carries the journal mark:
+        ``seq`` and the versions ``after`` the batch."""
         t, writes = self._tables, {}
         if batch.vocab:
             vocab = pa.Table.from_pylist(batch.vocab, schema=VOCAB_SCHEMA)
@@ -491,11 +489,9 @@ class MemoryStore:
             summaries = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
             writes[SUMMARIES] = lambda: t[SUMMARIES].add(summaries).version
         if batch.decisions:
-            rows = batch.decisions
-            if mark is not None:
-                rows = [dict(rows[0], batch_seq=seq, batch_versions=[mark[n] for n in TABLES]),
-                        *rows[1:]]
-            decisions = pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
+            first, *rest = batch.decisions
+            marked = dict(first, batch_seq=seq, batch_versions=[after[n] for n in TABLES])
+            decisions = pa.Table.from_pylist([marked, *rest], schema=DECISION_SCHEMA)
             writes[DECISIONS] = lambda: t[DECISIONS].add(decisions).version
         if batch.chunks or batch.delete_chunk_ids:
             chunks = pa.Table.from_pylist(batch.chunks, schema=chunk_schema(self.embedding_dim, self.keeps_maps))
