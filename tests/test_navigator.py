@@ -101,3 +101,20 @@ def test_retracing_skips_the_loops_of_the_walk():
     # Back at (0.25, 0): the loop through (0.5, 0) and (0.5, 0.25) is cut; what follows stays.
     assert path == [(0, 0), (0.25, 0), (0.25, -0.25), (0.5, 0), (0.75, 0)]
     assert len(loop_erased(walk + walk[::-1])) == 1  # walked out and all the way back: home
+
+
+@pytest.mark.parametrize("episode_number", [3, 6])
+def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_train_path, episode_number):
+    # Gibson Leonardo, held-out episodes of seed 0: every move onward from one cell collided, the
+    # agent backed out, and the cost-to-go field led it straight back in: a step, an about-turn,
+    # a step back, an about-turn, until the 500-step budget ran out (270-375 steps of it).
+    scenes = load_scenes(f"{gibson_train_path}@held_out")
+    episode = next(e for e in load_episodes("generated:10:0", scenes)
+                   if e.scene_key.endswith("/Leonardo/0") and e.episode_id.endswith(f":{episode_number}"))
+    sim_cfg = config.load("sim")
+    agent = make_frontier_agent(sim_cfg)
+    scene = next(s for s in scenes if s.name == episode.scene_key)
+    result = run_episode(GridSimulator(sim_cfg), agent, episode, scene)
+    moves = "".join("SFLR"[int(a)] for a in result.actions)
+    assert moves.count("FLLLLLLFRRRRRRF") <= 2, "the agent ping-pongs between two cells"
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
