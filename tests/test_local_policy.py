@@ -237,3 +237,20 @@ def test_the_walked_trail_stays_plannable_when_later_obstacles_close_a_doorway(p
     result, _ = _drive(policy, sem, sim, back[0])
     assert result.status == PolicyStatus.REACHED
     assert sim.collisions == 0
+
+
+def test_a_waypoint_whose_nearest_free_cell_is_a_sealed_pocket_is_approached_from_outside(policy):
+    # A 2 m block (a bed, a counter) with a small hollow inside: the free cell nearest the
+    # waypoint is in the hollow, which no path reaches; a free cell outside is within the snap
+    # radius. Before, the plan snapped into the hollow, A* failed and the goal was unreachable.
+    floor = np.zeros((100, 100), dtype=bool)
+    floor[5:95, 5:95] = True
+    floor[30:70, 30:70] = False
+    floor[45:56, 55:66] = True  # the hollow: a few free cells once inflated by the agent radius
+    sem, traversable = _world(floor)
+    waypoint = np.array([64 * CELL, 50 * CELL])
+    sim = PointMass(traversable, Pose2D(1.0, 2.5, 0.0))
+    result, _ = _drive(policy, sem, sim, waypoint, max_steps=300)
+    assert result.status == PolicyStatus.REACHED
+    assert np.linalg.norm(sim.pose.xy - waypoint) <= policy.cfg.goal_snap_radius_m
+    assert policy.reachable(sem, np.array([1.0, 2.5]), waypoint[None]).all(), "reachable() agrees with act()"

@@ -40,6 +40,7 @@ class NavigatorConfig:
     initial_spin_turns: int
     stop_distance_m: float
     goal_min_cells: int
+    goal_retry_distance_m: float
     node_reach_radius_m: float
     max_steps_per_waypoint: int
     blacklist_radius_m: float
@@ -104,7 +105,7 @@ class Navigator:
         self.blacklist: list[np.ndarray] = []  # waypoints found unreachable (may be retried)
         self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
         self.blacklist_resets = 0
-        self.goal_blocked = False
+        self.goal_blocked_at: Optional[np.ndarray] = None  # where the goal was last found unreachable
         self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
         self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
         self.stats = NavigatorStats()
@@ -123,18 +124,26 @@ class Navigator:
             self.policy.interrupt()
             return Action.TURN_LEFT
         sem, pose = self.builder.map, obs.pose
-        goal_xy = None if self.goal_blocked else self._nearest_goal_cell(pose)
+        goal_xy = self._nearest_goal_cell(pose)
         if goal_xy is not None:
             if np.linalg.norm(goal_xy - pose.xy) <= self.cfg.stop_distance_m:
                 return self._stop("goal_in_reach")
-            result = self.policy.act(sem, pose, goal_xy)
-            if result.action is not None:
-                return result.action
-            if result.status == PolicyStatus.REACHED:
-                return self._stop("goal_reached_waypoint")
-            self.goal_blocked = True  # seen but unreachable from here: keep exploring
-            self.waypoint = None
+            if self._goal_worth_trying(pose.xy):
+                result = self.policy.act(sem, pose, goal_xy)
+                if result.action is not None:
+                    return result.action
+                if result.status == PolicyStatus.REACHED:
+                    return self._stop("goal_reached_waypoint")
+                self.goal_blocked_at = pose.xy.copy()  # unreachable from here: explore on, retry later
+                self.waypoint = None
         return self._explore(obs)
+
+    def _goal_worth_trying(self, xy: np.ndarray) -> bool:
+        """Whether to walk to the mapped goal: always, unless it was found unreachable less than
+        ``goal_retry_distance_m`` from here (from elsewhere the map and the approach differ)."""
+        if self.goal_blocked_at is not None and np.linalg.norm(xy - self.goal_blocked_at) >= self.cfg.goal_retry_distance_m:
+            self.goal_blocked_at = None
+        return self.goal_blocked_at is None
 
     # -- exploration ----------------------------------------------------------------------------
     def _explore(self, obs: Observations) -> Action:

@@ -324,24 +324,20 @@ class LocalPolicy:
 
     def reachable(self, sem_map: SemanticMap, xy: np.ndarray, targets_xy: np.ndarray) -> np.ndarray:
         """bool (T,): could ``act`` plan from ``xy`` to each target (m), on the same grid (the
-        inflated obstacles, collision marks and trail, targets snapped like waypoints)?"""
-        from scipy import ndimage
-
+        inflated obstacles, collision marks and trail, each target snapped to the nearest cell
+        within ``goal_snap_radius_m`` that the agent can reach, as a waypoint is)?"""
         self._ensure_layers(sem_map)
         targets = np.asarray(targets_xy, dtype=np.float64).reshape(-1, 2)
         if len(targets) == 0:
             return np.zeros(0, dtype=bool)
-        blocked, _, (r0, r1, c0, c1) = self._grids(sem_map, xy, targets[0])
-        labels, _ = ndimage.label(~blocked[r0:r1, c0:c1], structure=np.ones((3, 3)))  # A* is 8-connected
-        r, c = sem_map.to_cell(xy) - np.array([r0, c0])
-        here = labels[r, c] if 0 <= r < r1 - r0 and 0 <= c < c1 - c0 else 0
+        blocked, _, window = self._grids(sem_map, xy, targets[0])
+        here = self._component_of(blocked, tuple(int(v) for v in sem_map.to_cell(xy)), window)
         out = np.zeros(len(targets), dtype=bool)
-        if here == 0:
+        if not here.any():
             return out
+        unreachable = blocked | ~here  # act snaps into the agent's component when it must
         for i, target in enumerate(targets):
-            goal = self._snap_goal(sem_map, target, blocked)
-            if goal is not None and r0 <= goal[0] < r1 and c0 <= goal[1] < c1:
-                out[i] = labels[goal[0] - r0, goal[1] - c0] == here
+            out[i] = self._snap_goal(sem_map, target, unreachable) is not None
         return out
 
     def _needs_replan(self, sem_map: SemanticMap, xy: np.ndarray, blocked: np.ndarray) -> bool:
@@ -379,6 +375,10 @@ class LocalPolicy:
         near = dilate_disk(raw, reach)
         costs = np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
         path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
+        if path is None:  # the nearest free cell may be a pocket cut off from the agent: snap again
+            goal = self._snap_goal(sem_map, waypoint, blocked | ~self._component_of(blocked, start, window))
+            if goal is not None:
+                path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
         self._path = None if path is None else np.array(path, dtype=np.int64) + np.array([r0, c0])
         if self._path is not None:
             costs[start[0] - r0, start[1] - c0] = 1.0  # the agent's cell is always enterable
@@ -387,6 +387,20 @@ class LocalPolicy:
                 [(goal[0] - r0 - b0, goal[1] - c0 - d0)])
             self._field_origin = np.array([r0 + b0, c0 + d0])
         return self._path is not None
+
+    @staticmethod
+    def _component_of(blocked: np.ndarray, cell: tuple[int, int], window: tuple[int, int, int, int]) -> np.ndarray:
+        """bool, ``blocked``'s shape: the unblocked cells of the search window 8-connected to ``cell``
+        (A*'s connectivity); all False when ``cell`` is outside the window or blocked."""
+        from scipy import ndimage
+
+        r0, r1, c0, c1 = window
+        out = np.zeros(blocked.shape, dtype=bool)
+        labels, _ = ndimage.label(~blocked[r0:r1, c0:c1], structure=np.ones((3, 3)))
+        r, c = cell[0] - r0, cell[1] - c0
+        if 0 <= r < r1 - r0 and 0 <= c < c1 - c0 and labels[r, c] > 0:
+            out[r0:r1, c0:c1] = labels == labels[r, c]
+        return out
 
     def _field_box(self, path: np.ndarray, shape: tuple[int, int], cell_size: float) -> tuple[int, int, int, int]:
         """The follower's field window ``(r0, r1, c0, c1)`` inside ``shape``: the path's cells
