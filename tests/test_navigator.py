@@ -14,6 +14,7 @@ from trajrag.agent.evaluate import _record
 from trajrag.agent.navigator import make_frontier_agent, make_random_agent
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.interface import Action
 from trajrag.world.sim import GridSimulator
 
 OVERRIDES = ["sim.width=160", "sim.height=120"]
@@ -121,10 +122,18 @@ def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_
 
 
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
-    # Before, one failed approach gave the goal up for the episode (on Gibson an agent ended
-    # 0.6 m from a bed it had mapped 200 steps earlier); now only while the agent stays nearby.
-    _, _, sim_cfg = world
-    agent = make_frontier_agent(sim_cfg)
+    # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
+    # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent
+    # STOPs whenever it is in reach, and walks to the goal again once it has moved away.
+    scene, episodes, sim_cfg = world
+    agent = make_frontier_agent(sim_cfg, OVERRIDES)
+    sim = GridSimulator(sim_cfg)
+    result = next(r for r in (run_episode(sim, agent, e, scene) for e in episodes) if r.metrics.success)
+    assert agent.stats.stop_reason == "goal_in_reach", result.outcome
+    obs = sim.step(Action.STOP)  # renders the final pose again
+    agent.goal_blocked_at = obs.pose.xy.copy()  # as if an approach had just failed right here
+    assert agent.act(obs) == Action.STOP, "a goal in reach is a STOP even after a failed approach"
+
     agent.goal_blocked_at = np.array([1.0, 1.0])
     retry = agent.cfg.goal_retry_distance_m
     assert not agent._goal_worth_trying(np.array([1.0 + 0.5 * retry, 1.0]))

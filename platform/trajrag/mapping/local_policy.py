@@ -447,10 +447,10 @@ class LocalPolicy:
         if action is not None:
             return action
         action = self._pursuit_action(sem_map, xy, yaw)
-        if action == Action.MOVE_FORWARD and _heading_key(yaw) in self._blocked_moves.get(self._cell_key(sem_map, xy), ()):
+        cell = self._cell_key(sem_map, xy)
+        if action == Action.MOVE_FORWARD and _heading_key(yaw) in self._blocked_moves.get(cell, ()):
             # That move already failed from here (a pocket, a corner): commit to the best clear
             # heading even if it makes no progress (backing out), or pursuit would turn back.
-            cell = self._cell_key(sem_map, xy)
             if cell in self._escaped_from:
                 return None
             self._escaped_from.add(cell)
