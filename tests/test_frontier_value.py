@@ -152,6 +152,24 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     assert main(["value", "fit", "--decisions", str(kept), "--scenes", "procedural:train:2", "--out", "x.json"]) == 2
     assert "needs either --scenes and --episodes" in capsys.readouterr().err
 
+    # Walked by a value planner instead (value.walker=value, DAgger): the decisions recorded are
+    # where that planner's choices lead. A model that prefers the farthest frontier leaves nearest
+    # frontier's walks at its first choice among two or more.
+    far = FrontierValueModel.load(out)
+    far.weights = np.zeros_like(far.weights)
+    far.weights[far.feature_names.index("distance_m")] = 10.0
+    far.save(tmp_path / "far.json")
+    walker = ["--set", "value.walker=value", "--set", f"scoring.value_model={tmp_path / 'far.json'}",
+              "--set", "scoring.w_experience=0"]
+    assert main(["value", "fit", *walk, *walker, "--out", str(tmp_path / "dagger.json"),
+                 "--save-decisions", str(tmp_path / "dagger.npz"), "--json"]) == 0
+    capsys.readouterr()
+    by_far, _, _ = load_decisions(tmp_path / "dagger.npz")
+    assert by_far and any(len(a.cost_m) != len(b.cost_m) or not np.array_equal(a.features, b.features)
+                          for a, b in zip(walked, by_far))
+    assert main(["value", "fit", *walk, "--set", "value.walker=value", "--out", str(tmp_path / "x.json")]) == 2
+    assert "scoring.value_model" in capsys.readouterr().err
+
     store, encoder = nav_memory
     common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",
               "--store", store, "--model", encoder, *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)],

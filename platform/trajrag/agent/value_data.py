@@ -19,7 +19,7 @@ from tqdm import tqdm
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
 from trajrag.agent.episode_runner import run_episode
 from trajrag.agent.navigator import make_frontier_agent
-from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features
+from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features, make_value_agent
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
 from trajrag.world.scene import Scene
@@ -59,9 +59,10 @@ class ValueDecisionRecorder:
 def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNavEpisode], goals: Sequence[str],
                             sim_cfg, episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig,
                             overrides: Sequence[str] = (), progress: bool = True) -> tuple[list[ValueDecision], list[str]]:
-    """Walk every episode with nearest frontier and record its decisions; returns them and the
-    agent's vocabulary (the model's object columns)."""
-    agent = make_frontier_agent(sim_cfg, overrides)
+    """Walk every episode with ``cfg.walker`` (nearest frontier, or the value planner of
+    ``scoring.value_model``) and record its decisions; returns them and the agent's vocabulary
+    (the model's object columns)."""
+    agent = make_frontier_agent(sim_cfg, overrides) if cfg.walker == "frontier" else make_value_agent(sim_cfg, overrides)
     sim = GridSimulator(sim_cfg)
     by_name = {scene.name: scene for scene in scenes}
     recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)

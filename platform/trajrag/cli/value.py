@@ -1,7 +1,8 @@
 """``trajrag value fit``: learn which frontier leads to the goal from decisions in the memory's homes.
 
 ``trajrag value fit --scenes SCENES --episodes EPISODES --out VALUE.json [--json]`` walks the
-episodes with nearest frontier, records every decision's candidates with their true cost to the
+episodes with nearest frontier (or, with ``--set value.walker=value``, with the value planner of
+``scoring.value_model``: its own decisions, to fit again on), records every decision's candidates with their true cost to the
 goal (hindsight in those homes), fits ``planners.frontier_value.FrontierValueModel`` on all but
 the last ``value.held_out_share`` of the scenes, reports how it ranks the held-out decisions next
 to nearest frontier, then fits on every scene and writes the model. The scoring planner uses it
@@ -34,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="value_command", required=True, metavar="ACTION")
     fit = actions.add_parser(
         "fit", help="collect decisions in train homes and fit the frontier value",
-        description="Walk the episodes with nearest frontier; at every decision record each candidate's "
+        description="Walk the episodes with nearest frontier (value.walker=value: with the value planner of "
+        "scoring.value_model, to fit again on its own decisions); at every decision record each candidate's "
         "features (from the agent's map) and its true cost to the goal (the simulator's geodesic field: "
         "hindsight, as for the corpus's oracle walks). Fit on all but the held-out scenes "
         "(configs/value.yaml held_out_share), report the held-out ranking next to nearest frontier "
@@ -114,6 +116,9 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     from trajrag.world.datasets import load_episodes, load_scenes
 
     episode_cfg = config.load("episodes", overrides)
+    value_cfg = config.load("value", overrides)
+    if value_cfg.walker == "value" and not config.load("scoring", overrides).value_model:
+        raise UserError("value.walker=value walks with a fitted value: --set scoring.value_model=VALUE.json")
     scenes = load_scenes(scenes_spec, overrides)
     episodes = load_episodes(episodes_spec, scenes, overrides)
     if not episodes:
@@ -124,12 +129,12 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
         from trajrag.distributed.value_decisions import collect_value_decisions_ray as collect
     with value_ray(workers, ray_address):
         decisions, vocabulary = collect(scenes, episodes, goals, config.load("sim", overrides), episode_cfg,
-                                        config.load("audit", overrides), config.load("value", overrides),
-                                        overrides, progress=progress)
+                                        config.load("audit", overrides), value_cfg, overrides, progress=progress)
     if save_decisions:
         keep(save_decisions, decisions, vocabulary, goals)
     return fit_and_write(decisions, vocabulary, goals, out, overrides,
-                         {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec})
+                         {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec,
+                          "walker": value_cfg.walker})
 
 
 def _listed(value: str | None) -> list[str]:

@@ -60,6 +60,17 @@ class ValueConfig:
     max_iterations: int
     held_out_share: float
     experience_cap_m: float
+    # Who walks the episodes whose decisions are recorded (configs/value.yaml); models fitted
+    # before the key existed were walked by nearest frontier.
+    walker: str = "frontier"
+
+    def __post_init__(self) -> None:
+        if self.walker not in WALKERS:
+            raise ValueError(f"value.walker must be one of {WALKERS}, got {self.walker!r}")
+
+
+# "frontier": nearest frontier; "value": the value planner of scoring.value_model (its own decisions).
+WALKERS = ("frontier", "value")
 
 
 @dataclass
