@@ -169,6 +169,8 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
                           for a, b in zip(walked, by_far))
     assert main(["value", "fit", *walk, "--set", "value.walker=value", "--out", str(tmp_path / "x.json")]) == 2
     assert "scoring.value_model" in capsys.readouterr().err
+    assert main(["value", "fit", *walk, "--set", "value.walker=oracle", "--out", str(tmp_path / "x.json")]) == 2
+    assert "value.walker must be one of" in capsys.readouterr().err
 
     store, encoder = nav_memory
     common = ["--scenes", "procedural:val:1", "--episodes", "generated:1", "--out", str(tmp_path / "eval"), "--json",

@@ -97,7 +97,7 @@ def load(section: str, overrides: Sequence[str] = ()) -> Any:
             OmegaConf.from_dotlist(list(own)),
         )
         return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
+    except (OmegaConfBaseException, ValueError) as exc:  # ValueError: a schema's own check (__post_init__)
         raise ConfigError(f"{path}: {exc}") from None
 
 
