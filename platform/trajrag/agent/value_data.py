@@ -62,7 +62,8 @@ def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNa
     """Walk every episode with ``cfg.walker`` (nearest frontier, or the value planner of
     ``scoring.value_model``) and record its decisions; returns them and the agent's vocabulary
     (the model's object columns)."""
-    agent = make_frontier_agent(sim_cfg, overrides) if cfg.walker == "frontier" else make_value_agent(sim_cfg, overrides)
+    make_agent = make_frontier_agent if cfg.walker == "frontier" else make_value_agent
+    agent = make_agent(sim_cfg, overrides)
     sim = GridSimulator(sim_cfg)
     by_name = {scene.name: scene for scene in scenes}
     recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)

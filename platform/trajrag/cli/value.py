@@ -3,10 +3,11 @@
 ``trajrag value fit --scenes SCENES --episodes EPISODES --out VALUE.json [--json]`` walks the
 episodes with nearest frontier (or, with ``--set value.walker=value``, with the value planner of
 ``scoring.value_model``: its own decisions, to fit again on), records every decision's
-candidates with their true cost to the goal (hindsight in those homes), fits ``planners.frontier_value.FrontierValueModel`` on all but
-the last ``value.held_out_share`` of the scenes, reports how it ranks the held-out decisions next
-to nearest frontier, then fits on every scene and writes the model. The scoring planner uses it
-with ``--set scoring.value_model=VALUE.json``.
+candidates with their true cost to the goal (hindsight in those homes), fits
+``planners.frontier_value.FrontierValueModel`` on all but the last ``value.held_out_share`` of
+the scenes, reports how it ranks the held-out decisions next to nearest frontier, then fits on
+every scene and writes the model. The scoring planner uses it with ``--set
+scoring.value_model=VALUE.json``.
 
 ``--save-decisions D.npz`` keeps the walked decisions; instead of walking, ``--decisions
 D1.npz,D2.npz`` fits on kept ones and ``--store M1,M2`` on the decisions memories kept from their

@@ -49,6 +49,11 @@ class ValueModelError(ValueError):
     """A frontier value model file is missing from the config, damaged, or fits another agent."""
 
 
+# Who walks ``trajrag value fit``'s episodes (``ValueConfig.walker``): "frontier" = nearest
+# frontier; "value" = the value planner of scoring.value_model (its own decisions).
+WALKERS = ("frontier", "value")
+
+
 @dataclass
 class ValueConfig:
     """``configs/value.yaml``: feature radii (metres) and the fit's settings."""
@@ -67,10 +72,6 @@ class ValueConfig:
     def __post_init__(self) -> None:
         if self.walker not in WALKERS:
             raise ValueError(f"value.walker must be one of {WALKERS}, got {self.walker!r}")
-
-
-# "frontier": nearest frontier; "value": the value planner of scoring.value_model (its own decisions).
-WALKERS = ("frontier", "value")
 
 
 @dataclass
