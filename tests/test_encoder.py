@@ -141,6 +141,38 @@ def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself
         load_model_dir(tmp_path)
 
 
+def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pooling(tmp_path):
+    from dataclasses import replace
+
+    from trajrag.config import ConfigError
+
+    cfg = load_config(["encoder.model.pooling=end_mean"])
+    model = build_model(cfg.model, TINY_DIM, seed=3)
+    rng = np.random.default_rng(1)
+    seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (4, 2)]
+    goals = rng.normal(size=(2, TINY_DIM)).astype(np.float32)
+    node_info = {"model_dir": "x", "package": "", "version": "v", "dim": TINY_DIM, "max_length": 8,
+                 "free_word": "free", "obstacle_word": "wall", "unknown_word": "unknown"}
+    save_model_dir(tmp_path / "mean", model, cfg.model, node_info, extra={"seed": 3})
+    loaded, meta = load_model_dir(tmp_path / "mean")
+    assert meta["model"]["pooling"] == "end_mean"
+    np.testing.assert_allclose(embed(loaded, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-6)
+    # The same weights read at the end token only embed differently: the mean is part of h'_L.
+    end_only = build_model(replace(cfg.model, pooling="end"), TINY_DIM, seed=3)
+    assert not np.allclose(embed(end_only, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-3)
+
+    # A folder written before the option existed has no "pooling": it is an end-pooling model.
+    save_model_dir(tmp_path / "old", end_only, cfg.model, node_info, extra={"seed": 3})
+    meta_path = tmp_path / "old" / META
+    old = json.loads(meta_path.read_text())
+    del old["model"]["pooling"]
+    meta_path.write_text(json.dumps(old))
+    legacy, _ = load_model_dir(tmp_path / "old")
+    np.testing.assert_allclose(embed(legacy, seqs, goals, 2), embed(end_only, seqs, goals, 2), atol=1e-6)
+    with pytest.raises(ConfigError, match="pooling"):
+        load_config(["encoder.model.pooling=max"])
+
+
 # -- loss and pairs -------------------------------------------------------------------------------
 def test_info_nce_rewards_aligned_pairs_and_ignores_same_group_candidates():
     rng = np.random.default_rng(1)

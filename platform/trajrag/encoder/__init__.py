@@ -49,6 +49,9 @@ class NodeEncoderConfig:
     representation: str
 
 
+POOLINGS = ("end", "end_mean")
+
+
 @dataclass
 class ModelConfig:
     """The decoder-only trajectory model D_traj and the output projection.
@@ -58,6 +61,8 @@ class ModelConfig:
     dropout: GPT-2 residual, embedding and attention dropout. out_dim: width of the projected
     h'_L; z has out_dim + node-encoder width entries. init_from: a local GPT-2 / DistilGPT2
     folder (safetensors) to start from instead of the small config; empty = from scratch.
+    pooling: ``end`` (h'_L = the end token's final state, the paper) or ``end_mean`` (plus the
+    mean of the nodes' final states); models saved before the option existed are ``end``.
     """
 
     n_layer: int
@@ -67,6 +72,11 @@ class ModelConfig:
     dropout: float
     out_dim: int
     init_from: str
+    pooling: str = "end"
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"encoder.model.pooling must be one of {POOLINGS}, got {self.pooling!r}")
 
 
 @dataclass
