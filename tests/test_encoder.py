@@ -158,11 +158,12 @@ def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pool
     assert meta["model"]["pooling"] == "end_mean"
     np.testing.assert_allclose(embed(loaded, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-6)
     # The same weights read at the end token only embed differently: the mean is part of h'_L.
-    end_only = build_model(replace(cfg.model, pooling="end"), TINY_DIM, seed=3)
+    end_cfg = replace(cfg.model, pooling="end")
+    end_only = build_model(end_cfg, TINY_DIM, seed=3)
     assert not np.allclose(embed(end_only, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-3)
 
     # A folder written before the option existed has no "pooling": it is an end-pooling model.
-    save_model_dir(tmp_path / "old", end_only, cfg.model, node_info, extra={"seed": 3})
+    save_model_dir(tmp_path / "old", end_only, end_cfg, node_info, extra={"seed": 3})
     meta_path = tmp_path / "old" / META
     old = json.loads(meta_path.read_text())
     del old["model"]["pooling"]
