@@ -337,3 +337,44 @@ def test_cross_validation_pools_the_queries_of_every_fold(ray_session, store_uri
     assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
     assert (tmp_path / "cv" / "fold-1" / META).is_file()
     assert MemoryStore(store_uri, read_only=True).versions() == versions  # the store is only read
+
+
+def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
+        ray_session, store_uri, tiny_node_dir, tmp_path):
+    import shutil
+
+    from trajrag.encoder.evaluate import evaluate_encoder
+    from trajrag.encoder.train import train_encoder
+
+    small = ["encoder.model.n_embd=32", "encoder.model.n_head=2"]
+    start = tmp_path / "start"
+    train_encoder(store_uri, start, load_config(_overrides(tiny_node_dir, epochs=1, fold="0/2") + small),
+                  workers=1)
+    # lr 0: the fine-tuned weights must be the start's, input standardisation included, even
+    # though this config's model section (128 wide) differs from the start's (32 wide).
+    tuned = tmp_path / "tuned"
+    result = train_encoder(store_uri, tuned, load_config(
+        _overrides(tiny_node_dir, epochs=1, fold="1/2", lr=0.0, init_model=start)), workers=1)
+    before, after = load_state(start / WEIGHTS), load_state(tuned / WEIGHTS)
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], msg=name)
+    meta = json.loads((tuned / META).read_text())
+    assert meta["gpt2_config"]["n_embd"] == 32
+    start_meta = json.loads((start / META).read_text())
+    assert meta["fine_tuned_from"]["encoder_version"] == start_meta["encoder_version"]
+    # Both folds' scenes have been trained on: nothing is left to evaluate on.
+    assert sorted(meta["train_scenes"]) == sorted(start_meta["train_scenes"] + result.train_scenes)
+    with pytest.raises(EncoderError, match="no chunks outside"):
+        evaluate_encoder(store_uri, tuned, overrides=_overrides(tiny_node_dir), write=False)
+
+    other = tmp_path / "other-node-encoder"
+    shutil.copytree(start, other, ignore=shutil.ignore_patterns("runs"))
+    edited = json.loads((other / META).read_text())
+    edited["node_encoder"]["version"] = "another"
+    (other / META).write_text(json.dumps(edited))
+    with pytest.raises(EncoderError, match="another node encoder"):
+        train_encoder(store_uri, tmp_path / "x", load_config(_overrides(tiny_node_dir, init_model=other)))
+    (other / WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(EncoderError, match="sha256"):
+        train_encoder(store_uri, tmp_path / "y", load_config(_overrides(tiny_node_dir, init_model=other)))

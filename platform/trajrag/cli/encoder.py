@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     train = actions.add_parser(
         "train", help="contrastive training on Ray Train",
         description="Train the trajectory encoder (frozen node encoder + GPT-2 sequence model, "
-        "InfoNCE) on the chunks of a memory store; scenes are held out for `encoder eval`.")
+        "InfoNCE) on the chunks of a memory store; scenes are held out for `encoder eval`. "
+        "To fine-tune a trained model instead of starting from random weights: "
+        "--set encoder.train.init_model=MODEL_DIR.")
     train.add_argument("--store", required=True, help="memory store URI (a LanceDB folder or s3://...)")
     train.add_argument("--out", required=True, help="model folder to write")
     train.add_argument("--workers", type=int, default=None,

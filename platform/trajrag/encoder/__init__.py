@@ -98,6 +98,8 @@ class TrainConfig:
     mask_same_goal: a same-goal pair's other same-goal chunks are not its negatives (``info_nce``).
     fold: empty = hold out ``held_out_fraction`` of the scenes; ``"I/K"`` = hold out fold I of K
     (``data.split_scenes``; ``trajrag encoder cv`` trains every fold).
+    init_model: a trained encoder folder to fine-tune (its architecture, weights and input
+    standardisation are the start); empty = the ``model`` section, randomly initialised.
     """
 
     epochs: int
@@ -121,6 +123,7 @@ class TrainConfig:
     crop_min_fraction: float
     mask_same_goal: bool
     fold: str
+    init_model: str
 
     def __post_init__(self) -> None:
         self.fold_index()  # validates

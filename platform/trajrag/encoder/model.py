@@ -152,16 +152,39 @@ def _pretrained_gpt2(path: str):
 
 
 def build_model(cfg: ModelConfig, node_dim: int, seed: int,
-                norm: tuple[np.ndarray, np.ndarray] | None = None) -> TrajectoryModel:
+                norm: tuple[np.ndarray, np.ndarray] | None = None,
+                start: str | Path = "") -> TrajectoryModel:
     """A freshly initialised model; the same ``seed`` gives the same weights (the untrained
     baseline is exactly the training run's starting point). ``norm``: (mean, scale) of the
-    training nodes (``input_norm``)."""
+    training nodes (``input_norm``). ``start``: a trained model folder whose architecture and
+    weights (input standardisation included, so ``norm`` is ignored) replace the fresh ones;
+    ``cfg`` must then be its model section (``fine_tune_start``)."""
+    if start:
+        model, _meta = load_model_dir(start)
+        return model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TrajectoryModel(cfg, node_dim)
     if norm is not None:
         model.set_input_norm(*norm)
     return model
+
+
+def fine_tune_start(model_dir: str | Path, node_info: Mapping[str, Any]) -> tuple[ModelConfig, dict]:
+    """The model section and metadata of a trained folder to fine-tune (``encoder.train.init_model``).
+    ``EncoderError`` when it is not a trained folder, its weights fail their hash, or it was trained
+    over another node encoder (``node_info``: ``NodeEncoder.info()``), whose embeddings it would
+    misread."""
+    load_model_dir(model_dir)  # the hash check, before any training starts
+    meta = read_meta(model_dir)
+    differs = sorted(k for k in set(node_info) | set(meta["node_encoder"])
+                     if k != "model_dir" and node_info.get(k) != meta["node_encoder"].get(k))
+    if differs:
+        there = meta["node_encoder"]
+        detail = ", ".join(f"{k}: {there.get(k)!r} there, {node_info.get(k)!r} here" for k in differs)
+        raise EncoderError(f"encoder.train.init_model {model_dir} was trained over another node "
+                           f"encoder ({detail})")
+    return config_mod.from_dict(ModelConfig, meta["model"]), meta
 
 
 def untrained_model(meta: Mapping[str, Any], trained: TrajectoryModel | None = None) -> TrajectoryModel:

@@ -29,7 +29,7 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -243,7 +243,8 @@ def train_loop_per_worker(config: dict) -> dict:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     norm = tuple(np.asarray(v, np.float32) for v in config["input_norm"])
-    model = ray.train.torch.prepare_model(build_model(cfg.model, data.dim, cfg.train.seed, norm))
+    model = ray.train.torch.prepare_model(build_model(cfg.model, data.dim, cfg.train.seed, norm,
+                                                      start=cfg.train.init_model))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                             lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     state: dict = {"epoch": -1, "history": [], "resumes": []}
@@ -360,7 +361,7 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     with ``overrides``). workers: Ray Train workers (default ``cfg.train.workers``). fault: test
     hook, see ``_maybe_fail``. node_encoder: a loaded ``NodeEncoder`` to reuse. log: progress lines.
     """
-    from trajrag.encoder.model import build_model, load_weights, save_model_dir
+    from trajrag.encoder.model import build_model, fine_tune_start, load_weights, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder
 
     started = time.perf_counter()
@@ -386,20 +387,29 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     node_encoder.save_cache(out / NODE_CACHE)
     say(f"node encoder: {len(data.node_emb)} distinct nodes ({node_encoder.misses} encoded) "
         f"in {time.perf_counter() - t0:.1f} s")
+    start: dict = {}
+    if cfg.train.init_model:
+        start_model, start = fine_tune_start(cfg.train.init_model, node_encoder.info())
+        cfg = replace(cfg, model=start_model)
+        say(f"fine-tuning {cfg.train.init_model} (encoder {start['encoder_version']})")
     ensure_ray(cfg.train.ray_address, quiet=True)
     run_name = f"encoder-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     storage = _storage(cfg, out)
     result = run_trainer(data, cfg, storage, run_name, workers=workers,
                          wandb_dir=str(out / "runs" / run_name) if "://" in storage
                          else str(Path(storage) / run_name), fault=fault)
-    model = build_model(cfg.model, data.dim, cfg.train.seed)
+    model = build_model(cfg.model, data.dim, cfg.train.seed, start=cfg.train.init_model)
     with result.checkpoint.as_directory() as folder:
         load_weights(model, Path(folder) / _CKPT_WEIGHTS)
         state = json.loads((Path(folder) / _CKPT_STATE).read_text())
+    # A fine-tuned model has also seen its start's scenes: `encoder eval` holds out neither.
+    seen = list(dict.fromkeys([*start.get("train_scenes", []), *train_scenes]))
     meta = save_model_dir(out, model, cfg.model, node_encoder.info(), extra={
         "seed": cfg.train.seed, "tau": cfg.train.tau, "epochs": state["epoch"] + 1,
-        "train_scenes": train_scenes, "held_out_scenes": held_out,
-        "store": str(getattr(store, "uri", store)), "run": run_name})
+        "train_scenes": seen, "held_out_scenes": [s for s in held_out if s not in seen],
+        "store": str(getattr(store, "uri", store)), "run": run_name,
+        "fine_tuned_from": {"model": str(cfg.train.init_model),
+                            "encoder_version": start["encoder_version"]} if start else None})
     seconds = time.perf_counter() - started
     out_result = TrainResult(
         model_dir=str(out), encoder_version=meta["encoder_version"], epochs=state["epoch"] + 1,
