@@ -175,8 +175,7 @@ def fine_tune_start(model_dir: str | Path, node_info: Mapping[str, Any]) -> tupl
     ``EncoderError`` when it is not a trained folder, its weights fail their hash, or it was trained
     over another node encoder (``node_info``: ``NodeEncoder.info()``), whose embeddings it would
     misread."""
-    load_model_dir(model_dir)  # the hash check, before any training starts
-    meta = read_meta(model_dir)
+    _model, meta = load_model_dir(model_dir)  # with the hash check, before any training starts
     differs = sorted(k for k in set(node_info) | set(meta["node_encoder"])
                      if k != "model_dir" and node_info.get(k) != meta["node_encoder"].get(k))
     if differs:
