@@ -382,16 +382,16 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
         f"{len(held_out)} scenes held out")
     if node_encoder is None:
         node_encoder = NodeEncoder(cfg.node, cache_path=out / NODE_CACHE)
+    start: dict = {}
+    if cfg.train.init_model:  # checked before the node encoding, which takes minutes on a large store
+        start_model, start = fine_tune_start(cfg.train.init_model, node_encoder.info())
+        cfg = replace(cfg, model=start_model)
+        say(f"fine-tuning {cfg.train.init_model} (encoder {start['encoder_version']})")
     t0 = time.perf_counter()
     data = encode_records(train_records, names, node_encoder)
     node_encoder.save_cache(out / NODE_CACHE)
     say(f"node encoder: {len(data.node_emb)} distinct nodes ({node_encoder.misses} encoded) "
         f"in {time.perf_counter() - t0:.1f} s")
-    start: dict = {}
-    if cfg.train.init_model:
-        start_model, start = fine_tune_start(cfg.train.init_model, node_encoder.info())
-        cfg = replace(cfg, model=start_model)
-        say(f"fine-tuning {cfg.train.init_model} (encoder {start['encoder_version']})")
     ensure_ray(cfg.train.ray_address, quiet=True)
     run_name = f"encoder-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     storage = _storage(cfg, out)
