@@ -58,6 +58,12 @@ def tiny_node_dir(tmp_path_factory) -> Path:
     return out
 
 
+# What a saved model records about its node encoder (``NodeEncoder.info()``), for tests that save
+# models without loading one.
+NODE_INFO = {"model_dir": "x", "package": "", "version": "v", "dim": TINY_DIM, "max_length": 8,
+             "free_word": "free", "obstacle_word": "wall", "unknown_word": "unknown"}
+
+
 def _overrides(node_dir: Path, **train) -> list[str]:
     values = [f"encoder.node.model_dir={node_dir}", f"encoder.model.out_dim={STORE_DIM - TINY_DIM}",
               "encoder.train.batch_size=16", "encoder.train.health_check_interval_s=0.2"]
@@ -112,9 +118,7 @@ def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself
     rng = np.random.default_rng(0)
     seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (3, 7, 1)]
     goals = rng.normal(size=(3, TINY_DIM)).astype(np.float32)
-    node_info = {"model_dir": "x", "package": "", "version": "v", "dim": TINY_DIM, "max_length": 8,
-                 "free_word": "free", "obstacle_word": "wall", "unknown_word": "unknown"}
-    meta = save_model_dir(tmp_path, model, cfg.model, node_info, extra={"seed": 3})
+    meta = save_model_dir(tmp_path, model, cfg.model, NODE_INFO, extra={"seed": 3})
     assert sorted(p.name for p in tmp_path.iterdir()) == [META, WEIGHTS]  # no pickle files
     loaded, meta2 = load_model_dir(tmp_path)
     assert meta2["encoder_version"] == meta["encoder_version"]
@@ -151,9 +155,7 @@ def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pool
     rng = np.random.default_rng(1)
     seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (4, 2)]
     goals = rng.normal(size=(2, TINY_DIM)).astype(np.float32)
-    node_info = {"model_dir": "x", "package": "", "version": "v", "dim": TINY_DIM, "max_length": 8,
-                 "free_word": "free", "obstacle_word": "wall", "unknown_word": "unknown"}
-    save_model_dir(tmp_path / "mean", model, cfg.model, node_info, extra={"seed": 3})
+    save_model_dir(tmp_path / "mean", model, cfg.model, NODE_INFO, extra={"seed": 3})
     loaded, meta = load_model_dir(tmp_path / "mean")
     assert meta["model"]["pooling"] == "end_mean"
     np.testing.assert_allclose(embed(loaded, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-6)
@@ -163,7 +165,7 @@ def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pool
     assert not np.allclose(embed(end_only, seqs, goals, 2), embed(model, seqs, goals, 2), atol=1e-3)
 
     # A folder written before the option existed has no "pooling": it is an end-pooling model.
-    save_model_dir(tmp_path / "old", end_only, end_cfg, node_info, extra={"seed": 3})
+    save_model_dir(tmp_path / "old", end_only, end_cfg, NODE_INFO, extra={"seed": 3})
     meta_path = tmp_path / "old" / META
     old = json.loads(meta_path.read_text())
     del old["model"]["pooling"]
