@@ -300,6 +300,10 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         r = [report[name][f"recall@{k}"] for k in (1, 5, 10)]
         assert 0.0 <= r[0] <= r[1] <= r[2] <= 1.0
     assert report["held_out"]["queries"] > 0
+    for other in ("text", "untrained"):  # the paired difference on this split's queries, with its interval
+        diff = report[f"trained_minus_{other}"]["recall@5"]
+        assert diff["mean"] == pytest.approx(report["trained"]["recall@5"] - report[other]["recall@5"])
+        assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
 
     store = MemoryStore(store_uri, read_only=True)
     rows = store.read(CHUNKS, ["trajectory_id", "embedding", "encoder_version"]).to_pylist()

@@ -3,8 +3,9 @@
 * ``trajrag encoder train --store PATH --out MODEL_DIR [--workers N]``: contrastive training on
   Ray Train over the store's chunks (scenes held out for evaluation); writes MODEL_DIR.
 * ``trajrag encoder eval --store PATH --model MODEL_DIR [--json] [--no-write]``: recall@1/5/10 on
-  the held-out scenes for the trained encoder, the text baseline and the untrained encoder (one
-  JSON object), then the trained embeddings written into the store's chunks.
+  the held-out scenes for the trained encoder, the text baseline and the untrained encoder, and the
+  trained encoder's paired difference to each with a bootstrap interval (one JSON object), then
+  the trained embeddings written into the store's chunks.
 * ``trajrag encoder cv --store PATH --out DIR [--folds K]``: the same recall over K folds that
   hold out every scene once, pooled, with paired bootstrap intervals (``encoder.crossval``).
 
@@ -41,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev = actions.add_parser(
         "eval", help="held-out recall@k vs the text baseline and the untrained encoder",
         description="recall@1/5/10 of same-group chunks on the scenes the model was not trained "
-        "on, for the trained encoder, the MiniLM text baseline and the untrained encoder; then "
-        "writes the trained embeddings into the store (unless --no-write).")
+        "on, for the trained encoder, the MiniLM text baseline and the untrained encoder, and the "
+        "trained encoder's paired difference to each with a 95% bootstrap interval over queries "
+        "(one split holds few queries: `encoder cv` pools every scene); then writes the trained "
+        "embeddings into the store (unless --no-write).")
     ev.add_argument("--store", required=True, help="memory store URI")
     ev.add_argument("--model", required=True, help="model folder written by `encoder train`")
     ev.add_argument("--json", action="store_true", help="print one JSON object")

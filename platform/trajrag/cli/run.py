@@ -169,6 +169,10 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
         result["embedded_chunks"] = result["held_out"]["written"]
         say("      held-out recall@5: trained {:.3f}, text {:.3f}, untrained {:.3f}".format(
             *(result[k]["recall@5"] for k in ("trained", "text", "untrained"))))
+        vs_text = result["trained_minus_text"]["recall@5"]
+        say("      trained - text {:+.3f} [{:+.3f}, {:+.3f}] over {} queries of one split "
+            "(`trajrag encoder cv` pools every scene)".format(
+                vs_text["mean"], *vs_text["ci95"], result["held_out"]["queries"]))
     except EncoderError as exc:  # too small a corpus to measure recall: say so, still embed
         result = {"error": str(exc), "embedded_chunks": embed_store(store, model, overrides)}
         say(f"      held-out recall not measured: {exc}")

@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trajrag.bootstrap import paired_interval
 from trajrag.encoder import EncoderError, load_config
+from trajrag.encoder.evaluate import paired_differences
 
 EMBEDDINGS = ("trained", "text", "untrained")
 
@@ -69,15 +69,6 @@ def summarize_folds(pooled: dict[str, dict[int, list[np.ndarray]]], per_fold: li
     summary: dict = {"folds": len(per_fold), "queries": int(len(next(iter(hits["trained"].values()))))}
     for name in EMBEDDINGS:
         summary[name] = {f"recall@{k}": float(h.mean()) for k, h in hits[name].items()}
-    for other in ("text", "untrained"):
-        rng = np.random.default_rng([seed, len(other)])
-        summary[f"trained_minus_{other}"] = {
-            f"recall@{k}": _difference(hits["trained"][k] - hits[other][k], rng)
-            for k in hits["trained"]}
+    summary.update(paired_differences(hits, seed))
     summary["per_fold"] = per_fold
     return summary
-
-
-def _difference(d: np.ndarray, rng: np.random.Generator) -> dict:
-    low, high = paired_interval(d, rng)
-    return {"mean": float(d.mean()), "ci95": [low, high]}

@@ -11,6 +11,10 @@ nearest neighbours by cosine similarity, the query itself excluded. Three embedd
   the chunk's description L(T_tp) (``topo.describe``; it starts with the goal, "Goal: bed.");
 * ``untrained``: f_E with the training run's initial weights (same architecture and seed).
 
+The trained encoder's paired difference to each baseline (the same queries) comes with a
+bootstrap interval over queries: one split holds few queries, and the interval says how far
+its recall could move on another.
+
 With ``write`` (the default), every chunk of the store then gets the trained embedding and the
 encoder's version, in batches of ``eval.write_batch`` (one store commit each). The store takes a
 single writer: do not run this while a corpus build is inserting into the same store.
@@ -23,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from trajrag.bootstrap import paired_interval
 from trajrag.encoder import EncoderConfig, EncoderError, load_config
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
 
@@ -48,6 +53,22 @@ def query_hits(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> dict[int,
     order = np.take_along_axis(top, np.argsort(-np.take_along_axis(sim, top, 1), axis=1), 1)
     hit = group[order] == group[queries][:, None]
     return {k: hit[:, :k].any(axis=1) for k in ks}
+
+
+def paired_differences(hits: Mapping[str, Mapping[int, np.ndarray]], seed: int) -> dict:
+    """``{"trained_minus_text": {"recall@k": {"mean", "ci95"}}, "trained_minus_untrained": ..}``:
+    the trained encoder's per-query hits (``query_hits``, one bool per query) minus each
+    baseline's on the same queries, with a 95% paired bootstrap interval (recall fractions)."""
+    out = {}
+    for other in ("text", "untrained"):
+        rng = np.random.default_rng([seed, len(other)])
+        diffs = {}
+        for k, trained in hits["trained"].items():
+            d = np.asarray(trained, dtype=np.float64) - np.asarray(hits[other][k], dtype=np.float64)
+            low, high = paired_interval(d, rng)
+            diffs[f"recall@{k}"] = {"mean": float(d.mean()), "ci95": [low, high]}
+        out[f"trained_minus_{other}"] = diffs
+    return out
 
 
 def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
@@ -126,8 +147,9 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
                      node_encoder: Any = None, hits: dict | None = None) -> dict:
     """Held-out recall of the trained encoder, the text baseline and the untrained encoder.
 
-    Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..}, "held_out": {scenes,
-    chunks, queries, written, encoder_version}}``. ``hits``, when given, is filled with
+    Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..},
+    "trained_minus_text": .., "trained_minus_untrained": .. (``paired_differences``),
+    "held_out": {scenes, chunks, queries, written, encoder_version}}``. ``hits``, when given, is filled with
     ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds.
     """
     from trajrag.encoder.model import TrajectoryEncoder, embed, untrained_model
@@ -154,14 +176,13 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
                                                   max_length=cfg.node.text_max_length),
         "untrained": embed(untrained_model(encoder.meta, encoder.model), seqs, goals, batch),
     }
-    result: dict = {}
-    queries = 0
-    for name, z in embeddings.items():
-        per_query = query_hits(z, data.group, cfg.eval.ks)
-        result[name] = {f"recall@{k}": float(h.mean()) for k, h in per_query.items()}
-        queries = len(per_query[cfg.eval.ks[0]])
-        if hits is not None:
-            hits[name] = per_query
+    per_query = {name: query_hits(z, data.group, cfg.eval.ks) for name, z in embeddings.items()}
+    result: dict = {name: {f"recall@{k}": float(h.mean()) for k, h in by_k.items()}
+                    for name, by_k in per_query.items()}
+    result.update(paired_differences(per_query, cfg.train.seed))
+    queries = len(per_query["trained"][cfg.eval.ks[0]])
+    if hits is not None:
+        hits.update(per_query)
     written = embed_chunks(store, encoder, records, names, cfg) if write else 0
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
