@@ -149,8 +149,8 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
 
     Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..},
     "trained_minus_text": .., "trained_minus_untrained": .. (``paired_differences``),
-    "held_out": {scenes, chunks, queries, written, encoder_version}}``. ``hits``, when given, is filled with
-    ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds.
+    "held_out": {scenes, chunks, queries, written, encoder_version}}``. ``hits``, when given, is
+    filled with ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds.
     """
     from trajrag.encoder.model import TrajectoryEncoder, embed, untrained_model
     from trajrag.memory.store import MemoryStore
