@@ -140,3 +140,29 @@ def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     assert agent.goal_blocked_at is not None
     assert agent._goal_worth_trying(np.array([1.0, 1.0 + retry]))
     assert agent.goal_blocked_at is None
+
+
+def test_an_episode_continued_from_a_copy_of_agent_and_simulator_walks_the_same_actions(world):
+    """Evaluation re-runs, rollouts from a decision and the decision audit all rely on an
+    episode being reproducible from any point: agent and simulator copied mid-episode walk on
+    exactly as the originals."""
+    import copy
+
+    scene, episodes, sim_cfg = world
+    agent, sim, episode = make_frontier_agent(sim_cfg, OVERRIDES), GridSimulator(sim_cfg), episodes[0]
+    whole = run_episode(sim, agent, episode, scene)
+    obs = sim.reset(scene, episode.start_pose())
+    agent.reset(episode, scene)
+    prefix = whole.actions[:len(whole.actions) // 2]
+    for action in prefix:
+        assert Action(agent.act(obs)) == action
+        obs = sim.step(Action(action))
+    copied_agent, copied_sim, copied_obs = copy.deepcopy((agent, sim, obs))
+    rest = []
+    while len(prefix) + len(rest) < len(whole.actions):
+        action = Action(copied_agent.act(copied_obs))
+        rest.append(int(action))
+        if action == Action.STOP:
+            break
+        copied_obs = copied_sim.step(action)
+    assert prefix + rest == whole.actions
