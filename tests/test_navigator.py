@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 
@@ -143,11 +144,9 @@ def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
 
 
 def test_an_episode_continued_from_a_copy_of_agent_and_simulator_walks_the_same_actions(world):
-    """Evaluation re-runs, rollouts from a decision and the decision audit all rely on an
-    episode being reproducible from any point: agent and simulator copied mid-episode walk on
-    exactly as the originals."""
-    import copy
-
+    """Re-running an episode gives the same walk, and agent and simulator copied mid-episode walk
+    on exactly as the originals: what rollouts from a decision (forcing each candidate in a copy)
+    rely on."""
     scene, episodes, sim_cfg = world
     agent, sim, episode = make_frontier_agent(sim_cfg, OVERRIDES), GridSimulator(sim_cfg), episodes[0]
     whole = run_episode(sim, agent, episode, scene)
