@@ -174,24 +174,84 @@ def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamp
     """Markdown: each run's SR and SPL minus ``baseline``'s on the episodes both finished, with a
     95% bootstrap interval over those episodes (paired: the same episodes, so the spread of
     episode difficulty cancels). Empty when the baseline has no records."""
-    base = AgentRun(baseline, Path(out_dir) / baseline).finished()
-    if not base:
+    if not AgentRun(baseline, Path(out_dir) / baseline).finished():
         return ""
+    comparisons = [c for c in compare_runs([Path(out_dir)], baseline, [r for r in runs if r != baseline],
+                                           resamples, seed, missing_ok=True) if c.episodes]
     lines = [f"Paired differences vs {baseline} (same episodes; 95% bootstrap interval):", "",
              "| run | episodes | d_sr | d_spl |", "|---|---|---|---|"]
-    for name in runs:
-        other = AgentRun(name, Path(out_dir) / name).finished()
-        shared = sorted(set(base) & set(other))
-        if name == baseline or not shared:
-            continue
-        cells = []
-        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])  # the same interval in any table
-        for key in ("success", "spl"):
-            d = np.array([float(other[k]["metrics"][key]) - float(base[k]["metrics"][key]) for k in shared])
-            low, high = paired_interval(d, rng, resamples)
-            cells.append(f"{d.mean():+.3f} [{low:+.3f}, {high:+.3f}]")
-        lines.append(f"| {name} | {len(shared)} | {cells[0]} | {cells[1]} |")
+    for c in comparisons:
+        cells = [f"{d:+.3f} [{low:+.3f}, {high:+.3f}]" for d, (low, high) in ((c.d_sr, c.d_sr_interval),
+                                                                             (c.d_spl, c.d_spl_interval))]
+        lines.append(f"| {c.run} | {c.episodes} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class PairedComparison:
+    """One run against a baseline on the episodes both finished, pooled over evaluation folders
+    (folds, episode seeds): SR and SPL as fractions, differences run - baseline with a 95%
+    paired bootstrap interval, and the differences within each folder."""
+
+    run: str
+    baseline: str
+    episodes: int
+    sr: float
+    spl: float
+    baseline_sr: float
+    baseline_spl: float
+    d_sr: float
+    d_sr_interval: tuple[float, float]
+    d_spl: float
+    d_spl_interval: tuple[float, float]
+    folders: list[dict]
+
+
+def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | None = None,
+                 resamples: int = 2000, seed: int = 0, missing_ok: bool = False) -> list[PairedComparison]:
+    """Pair each run's episode records with ``baseline``'s in every ``trajrag eval --out`` folder of
+    ``out_dirs`` (by scene and episode id, within a folder only: episode ids repeat across
+    generated seeds) and pool the pairs. ``runs``: labels to compare (None: every run found beside
+    the baseline). ``ValueError`` names what is missing (a folder, the baseline, a run with no
+    episode shared with the baseline) unless ``missing_ok``, which keeps such a run with 0 episodes."""
+    folders = [Path(d) for d in out_dirs]
+    for folder in folders:
+        if not folder.is_dir():
+            raise ValueError(f"{folder}: no such evaluation folder (trajrag eval --out)")
+    bases = {folder: AgentRun(baseline, folder / baseline).finished() for folder in folders}
+    if not any(bases.values()):
+        raise ValueError(f"no records of the baseline {baseline!r} in {', '.join(map(str, folders))}")
+    if runs is None:
+        runs = sorted({p.parent.name for f in folders for p in f.glob("*/episodes*.jsonl")} - {baseline})
+    return [_compare_one(run, baseline, folders, bases, resamples, seed, missing_ok) for run in runs]
+
+
+def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, resamples: int, seed: int,
+                 missing_ok: bool) -> PairedComparison:
+    pairs, per_folder = [], []
+    for folder in folders:
+        other = AgentRun(run, folder / run).finished()
+        shared = sorted(set(bases[folder]) & set(other))
+        folder_pairs = [(bases[folder][k]["metrics"], other[k]["metrics"]) for k in shared]
+        pairs += folder_pairs
+        if folder_pairs:
+            d = np.array([[float(o[m]) - float(b[m]) for m in ("success", "spl")] for b, o in folder_pairs])
+            per_folder.append({"folder": str(folder), "episodes": len(folder_pairs),
+                               "d_sr": float(d[:, 0].mean()), "d_spl": float(d[:, 1].mean())})
+    if not pairs and not missing_ok:
+        raise ValueError(f"run {run!r} shares no finished episode with {baseline!r} in "
+                         f"{', '.join(map(str, folders))}")
+    values = {m: np.array([[float(b[m]), float(o[m])] for b, o in pairs]).reshape(-1, 2) for m in ("success", "spl")}
+    rng = np.random.default_rng([seed, zlib.crc32(run.encode())])  # the same interval in any table
+    intervals = {m: paired_interval(v[:, 1] - v[:, 0], rng, resamples) if len(v) else (math.nan, math.nan)
+                 for m, v in values.items()}
+    means = {m: v.mean(axis=0) if len(v) else np.full(2, math.nan) for m, v in values.items()}
+    return PairedComparison(run=run, baseline=baseline, episodes=len(pairs),
+                            sr=float(means["success"][1]), spl=float(means["spl"][1]),
+                            baseline_sr=float(means["success"][0]), baseline_spl=float(means["spl"][0]),
+                            d_sr=float(means["success"][1] - means["success"][0]), d_sr_interval=intervals["success"],
+                            d_spl=float(means["spl"][1] - means["spl"][0]), d_spl_interval=intervals["spl"],
+                            folders=per_folder)
 
 
 def _fmt(value) -> str:

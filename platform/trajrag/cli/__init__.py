@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "trajrag.cli.bench",
     "trajrag.cli.encoder",
     "trajrag.cli.eval",
+    "trajrag.cli.compare",
     "trajrag.cli.value",
 )
 

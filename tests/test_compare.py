@@ -1,0 +1,65 @@
+"""`trajrag compare`: runs paired episode by episode inside each eval folder, pooled over folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trajrag.agent.evaluate import compare_runs
+from trajrag.cli import main
+
+
+def write_run(folder, label, outcomes):
+    """Episode records as `trajrag eval` writes them: {episode id: (success, spl)}."""
+    (folder / label).mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"scene_key": "home", "episode_id": eid, "metrics": {"success": ok, "spl": spl}})
+             for eid, (ok, spl) in outcomes.items()]
+    (folder / label / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def two_seeds(tmp_path):
+    """Two folders (two episode seeds) that reuse the same episode ids for different episodes."""
+    seed0, seed1 = tmp_path / "O0", tmp_path / "O1"
+    write_run(seed0, "frontier", {"0": (True, 0.4), "1": (False, 0.0)})
+    write_run(seed0, "trajrag", {"0": (True, 0.6), "1": (True, 0.5)})
+    write_run(seed1, "frontier", {"0": (True, 0.8), "1": (True, 0.2)})
+    write_run(seed1, "trajrag", {"0": (True, 0.7), "1": (True, 0.3), "2": (True, 1.0)})  # 2: no baseline
+    return seed0, seed1
+
+
+def test_pairs_inside_each_folder_and_pools_the_pairs(two_seeds):
+    (result,) = compare_runs(two_seeds, "frontier")
+    assert result.run == "trajrag" and result.episodes == 4  # episode 2 has nothing to pair with
+    # per-episode SPL differences: +0.2, +0.5 (seed 0); -0.1, +0.1 (seed 1)
+    assert result.d_spl == pytest.approx(0.7 / 4)
+    assert result.d_sr == pytest.approx(0.25)
+    assert result.spl == pytest.approx(2.1 / 4) and result.baseline_spl == pytest.approx(1.4 / 4)
+    low, high = result.d_spl_interval
+    assert -0.1 <= low <= result.d_spl <= high <= 0.5
+    assert [(f["episodes"], round(f["d_spl"], 6)) for f in result.folders] == [(2, 0.35), (2, 0.0)]
+
+
+def test_cli_prints_json_and_a_table(two_seeds, capsys):
+    assert main(["compare", *map(str, two_seeds), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["baseline"] == "frontier"
+    assert out["runs"][0]["episodes"] == 4 and out["runs"][0]["d_sr"] == pytest.approx(0.25)
+    assert main(["compare", *map(str, two_seeds), "--runs", "trajrag"]) == 0
+    table = capsys.readouterr().out
+    assert "| trajrag | 4 |" in table and "+25.0 [" in table and "+17.5 [" in table
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--baseline", "oracle"], "no records of the baseline 'oracle'"),
+    (["--runs", "llm"], "run 'llm' shares no finished episode with 'frontier'"),
+])
+def test_missing_runs_are_named_in_one_line(two_seeds, args, needle, capsys):
+    assert main(["compare", *map(str, two_seeds), *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_a_missing_folder_is_named(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no such evaluation folder" in capsys.readouterr().err
