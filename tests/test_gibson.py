@@ -224,3 +224,28 @@ def test_synthetic_floor_builds_the_expected_scene():
     radius = int(cfg.agent_radius / cfg.cell_size)
     assert s.floor[10, first - radius] and not s.floor[10, first - radius - 1]
 
+
+
+def test_the_five_fold_presets_hold_out_every_gibson_scene_once(gibson_train_path):
+    """jobs/gibson_crossval.sh runs one fold per preset: together they must evaluate every scene
+    exactly once, and fold 0 is the default split every single-split table used."""
+    from trajrag import config
+    from trajrag.world.datasets import load_scenes
+
+    everything = sorted(s.name for s in load_scenes(str(gibson_train_path)))
+    folds = [set(config.load("gibson", config.preset_overrides([f"gibson_fold{k}"])).held_out_scenes)
+             for k in range(5)]
+    held_out = [s for s in everything if s.split("/")[1] in set().union(*folds)]
+    assert held_out == everything and sum(len(f) for f in folds) == len(set().union(*folds)) == 25
+    assert folds[0] == set(config.load("gibson").held_out_scenes)
+
+
+def test_the_crossval_job_parses_and_names_a_missing_gibson_file(tmp_path):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "jobs" / "gibson_crossval.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    result = subprocess.run(["bash", str(script), str(tmp_path / "cv")], capture_output=True, text=True,
+                            env={**os.environ, "GIBSON": str(tmp_path / "none.pbz2")})
+    assert result.returncode == 2 and "no Gibson file at" in result.stderr
+    assert not (tmp_path / "cv").exists()  # nothing written before the inputs are checked

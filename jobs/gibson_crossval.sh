@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The Gibson cross-validation of docs/results.md ("The cross-validation again, with crop positives
+# by default"): TrajRAG (scoring planner + a frontier value fitted on procedural homes only)
+# against nearest frontier on unseen Gibson homes, every one of the 25 train scenes held out once.
+#
+#   jobs/gibson_crossval.sh [OUT]          (default OUT: runs/gibson_cv)
+#
+# 1. The frontier value: nearest-frontier walks in 440 procedural train homes, their decisions
+#    fitted into OUT/value/V_P.json (+ its experience table). It never sees a Gibson scene, so one
+#    file serves every fold.
+# 2. Per fold k (configs/presets/gibson_foldK.yaml): a memory built from the 20 other scenes
+#    (OUT/Fk/M) and its encoder (OUT/Fk/E).
+# 3. Per fold and episode seed: both planners on the 5 held-out scenes x 10 episodes
+#    (OUT/Fk/O<seed>), then `trajrag compare` pools the 15 folders: 750 paired episodes.
+#
+# Every step skips what an earlier run finished (evaluations resume episode by episode), so the
+# same command continues after an interruption. On 2 cores: about 90 minutes (decisions 40,
+# memories and encoders 20, evaluations 35). Environment:
+#   WORKERS  Ray actors per step (default 2)        SEEDS  episode seeds (default "0 1 2")
+#   GIBSON   the Gibson train_info.pbz2 (default ../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2)
+#   LABEL    the TrajRAG run's name (default trajrag)
+#   EXTRA    more `--set section.key=value` options for the TrajRAG runs only (a variant to compare)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:-runs/gibson_cv}
+WORKERS=${WORKERS:-2}
+SEEDS=${SEEDS:-0 1 2}
+GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
+LABEL=${LABEL:-trajrag}
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+T=.venv/bin/trajrag
+[ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
+[ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
+mkdir -p "$OUT/value" "$OUT/logs"
+say() { echo "$(date +%H:%M:%S) $*" | tee -a "$OUT/logs/progress"; }
+
+# Runs "$@" unless DONE exists; DONE is written only when the command succeeds.
+step() {
+  local done=$1 log=$2; shift 2
+  [ -e "$done" ] && return 0
+  "$@" > "$OUT/logs/$log.out" 2> "$OUT/logs/$log.err" || { echo "failed: $* (see $OUT/logs/$log.err)" >&2; exit 1; }
+  say "$log"
+}
+
+V=$OUT/value
+walk() {  # nearest-frontier walks in procedural homes, their decisions kept for the fit
+  step "$V/$1.npz" "decisions-$1" $T value fit --scenes "$2" --episodes "$3" --out "$V/$1.json" \
+    --save-decisions "$V/$1.npz" --workers "$WORKERS" --json
+}
+walk D_A procedural:train:0-20 generated:5
+walk D_B procedural:train:20-40 generated:5
+walk DP procedural:train:100 generated:5:11
+walk DP2 procedural:train:100-400 generated:2:11
+step "$V/V_P.json" value-fit $T value fit --decisions "$V/DP.npz,$V/DP2.npz,$V/D_A.npz,$V/D_B.npz" \
+  --out "$V/V_P.json" --json
+
+for k in 0 1 2 3 4; do
+  F=$OUT/F$k
+  step "$F/M.done" "memory-F$k" bash -c "$T corpus build --scenes '$GIBSON@rest' --episodes-per-scene 30 \
+    --policy mix --store '$F/M' --workers $WORKERS --json --preset gibson_fold$k && touch '$F/M.done'"
+  step "$F/E/encoder.json" "encoder-F$k" $T encoder train --store "$F/M" --out "$F/E" --workers "$WORKERS" \
+    --preset "gibson_fold$k"
+done
+
+for seed in $SEEDS; do
+  for k in 0 1 2 3 4; do
+    F=$OUT/F$k; common=(--scenes "$GIBSON@held_out" --episodes "generated:10:$seed" --out "$F/O$seed"
+                       --workers "$WORKERS" --json --preset "gibson_fold$k")
+    $T eval "${common[@]}" --planner frontier > "$OUT/logs/eval-F$k-O$seed-frontier.json" \
+      2> "$OUT/logs/eval-F$k-O$seed-frontier.err"
+    $T eval "${common[@]}" --planner trajrag --label "$LABEL" --store "$F/M" --model "$F/E" \
+      --set "scoring.value_model=$V/V_P.json" "${EXTRA_ARGS[@]}" > "$OUT/logs/eval-F$k-O$seed-$LABEL.json" \
+      2> "$OUT/logs/eval-F$k-O$seed-$LABEL.err"
+    say "seed $seed fold $k"
+  done
+done
+
+$T compare "$OUT"/F?/O*/ --baseline frontier --runs "$LABEL" | tee "$OUT/compare-$LABEL.md"
