@@ -54,7 +54,7 @@ def compare_command(args: argparse.Namespace) -> int:
     for c in comparisons:
         print(f"| {c.run} | {c.episodes} | {c.sr:.3f} | {c.spl:.3f} | {c.baseline_sr:.3f} | {c.baseline_spl:.3f} "
               f"| {_points(c.d_sr, c.d_sr_interval)} | {_points(c.d_spl, c.d_spl_interval)} |")
-    for c in comparisons:
+    for c in comparisons if len(args.folders) > 1 else ():
         print(f"\n{c.run}, per folder (d_sr / d_spl, points):")
         for f in c.folders:
             print(f"  {f['folder']}: {f['episodes']} episodes, {100 * f['d_sr']:+.1f} / {100 * f['d_spl']:+.1f}")
