@@ -63,3 +63,13 @@ def test_missing_runs_are_named_in_one_line(two_seeds, args, needle, capsys):
 def test_a_missing_folder_is_named(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nowhere")]) == 2
     assert "nowhere: no such evaluation folder" in capsys.readouterr().err
+
+
+def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_seeds):
+    from trajrag.agent.evaluate import write_results_table
+
+    seed0 = two_seeds[0]
+    table = write_results_table({"frontier": {"episodes": 2}, "trajrag": {"episodes": 2}}, seed0)
+    (result,) = compare_runs([seed0], "frontier", ["trajrag"])
+    low, high = result.d_spl_interval
+    assert f"| trajrag | 2 | +0.500 [" in table and f"+0.350 [{low:+.3f}, {high:+.3f}]" in table
