@@ -228,30 +228,37 @@ def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | 
 
 def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, resamples: int, seed: int,
                  missing_ok: bool) -> PairedComparison:
-    pairs, per_folder = [], []
+    """``compare_runs`` for one run: (success, spl) of baseline and run on each shared episode."""
+    base_rows, run_rows, per_folder = [], [], []
     for folder in folders:
         other = AgentRun(run, folder / run).finished()
         shared = sorted(set(bases[folder]) & set(other))
-        folder_pairs = [(bases[folder][k]["metrics"], other[k]["metrics"]) for k in shared]
-        pairs += folder_pairs
-        if folder_pairs:
-            d = np.array([[float(o[m]) - float(b[m]) for m in ("success", "spl")] for b, o in folder_pairs])
-            per_folder.append({"folder": str(folder), "episodes": len(folder_pairs),
-                               "d_sr": float(d[:, 0].mean()), "d_spl": float(d[:, 1].mean())})
-    if not pairs and not missing_ok:
+        base = np.array([_success_spl(bases[folder][k]) for k in shared]).reshape(-1, 2)
+        mine = np.array([_success_spl(other[k]) for k in shared]).reshape(-1, 2)
+        base_rows.append(base)
+        run_rows.append(mine)
+        if shared:
+            d = (mine - base).mean(axis=0)
+            per_folder.append({"folder": str(folder), "episodes": len(shared), "d_sr": float(d[0]),
+                               "d_spl": float(d[1])})
+    base, mine = np.vstack(base_rows), np.vstack(run_rows)
+    if not len(base) and not missing_ok:
         raise ValueError(f"run {run!r} shares no finished episode with {baseline!r} in "
                          f"{', '.join(map(str, folders))}")
-    values = {m: np.array([[float(b[m]), float(o[m])] for b, o in pairs]).reshape(-1, 2) for m in ("success", "spl")}
     rng = np.random.default_rng([seed, zlib.crc32(run.encode())])  # the same interval in any table
-    intervals = {m: paired_interval(v[:, 1] - v[:, 0], rng, resamples) if len(v) else (math.nan, math.nan)
-                 for m, v in values.items()}
-    means = {m: v.mean(axis=0) if len(v) else np.full(2, math.nan) for m, v in values.items()}
-    return PairedComparison(run=run, baseline=baseline, episodes=len(pairs),
-                            sr=float(means["success"][1]), spl=float(means["spl"][1]),
-                            baseline_sr=float(means["success"][0]), baseline_spl=float(means["spl"][0]),
-                            d_sr=float(means["success"][1] - means["success"][0]), d_sr_interval=intervals["success"],
-                            d_spl=float(means["spl"][1] - means["spl"][0]), d_spl_interval=intervals["spl"],
+    intervals = [paired_interval(mine[:, i] - base[:, i], rng, resamples) if len(base) else (math.nan, math.nan)
+                 for i in range(2)]
+    base_mean, run_mean = (base.mean(axis=0), mine.mean(axis=0)) if len(base) else (np.full(2, math.nan),) * 2
+    return PairedComparison(run=run, baseline=baseline, episodes=len(base),
+                            sr=float(run_mean[0]), spl=float(run_mean[1]),
+                            baseline_sr=float(base_mean[0]), baseline_spl=float(base_mean[1]),
+                            d_sr=float(run_mean[0] - base_mean[0]), d_sr_interval=intervals[0],
+                            d_spl=float(run_mean[1] - base_mean[1]), d_spl_interval=intervals[1],
                             folders=per_folder)
+
+
+def _success_spl(record: dict) -> tuple[float, float]:
+    return float(record["metrics"]["success"]), float(record["metrics"]["spl"])
 
 
 def _fmt(value) -> str:
