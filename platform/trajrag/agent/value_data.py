@@ -12,12 +12,14 @@ collectors record the same decisions (``ValueDecisionRecorder``) and the memory 
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 from tqdm import tqdm
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
 from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.rollouts import RolloutStats, rollout_decisions
 from trajrag.agent.navigator import make_frontier_agent
 from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features, make_value_agent
 from trajrag.world.episode import ObjectNavEpisode
@@ -61,17 +63,26 @@ def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNa
                             overrides: Sequence[str] = (), progress: bool = True) -> tuple[list[ValueDecision], list[str]]:
     """Walk every episode with ``cfg.walker`` (nearest frontier, or the value planner of
     ``scoring.value_model``) and record its decisions; returns them and the agent's vocabulary
-    (the model's object columns)."""
+    (the model's object columns). With ``cfg.target`` rollout, only the sampled decisions of each
+    walk, their costs rolled out (``agent/rollouts.py``)."""
     make_agent = make_frontier_agent if cfg.walker == "frontier" else make_value_agent
     agent = make_agent(sim_cfg, overrides)
     sim = GridSimulator(sim_cfg)
     by_name = {scene.name: scene for scene in scenes}
     recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)
+    rollouts = RolloutStats()
     agent.decision_observer = recorder
     decisions: list[ValueDecision] = []
-    for episode in tqdm(episodes, desc="value decisions", unit="ep", disable=not progress):
+    for episode in tqdm(episodes, desc=f"value decisions ({cfg.target})", unit="ep", disable=not progress):
         scene = by_name[episode.scene_key]
+        if cfg.target == "rollout":
+            decisions += rollout_decisions(agent, sim, scene, episode, episode_cfg, recorder,
+                                           cfg.rollout_decisions_per_episode, rollouts)
+            continue
         recorder.start(scene, episode)
         run_episode(sim, agent, episode, scene, cfg=episode_cfg)
         decisions += recorder.take()
+    if rollouts.replay_mismatches:
+        warnings.warn(f"{rollouts.replay_mismatches} rolled-out decisions dropped: replaying the walker's own "
+                      f"choice did not repeat its walk (is the walker deterministic?): {rollouts.mismatched[:5]}")
     return decisions, list(agent.builder.vocabulary)

@@ -44,7 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(best-pick rate, regret in metres, Spearman rho with nearness to the goal), then fit on every "
         "scene and write the model (JSON) and, beside it, its experience table (VALUE.experience, LanceDB: "
         "every candidate seen, searched by the scoring planner's experience term). Use train scenes: never "
-        "the scenes you evaluate on.")
+        "the scenes you evaluate on. --set value.target=rollout costs each candidate instead by the metres the "
+        "walker walks to success after taking it (the episode replayed with that choice forced, at "
+        "value.rollout_decisions_per_episode sampled decisions per walk; C + 1 episodes per decision of C "
+        "candidates: use --workers).")
     fit.add_argument("--scenes", help=SCENES_HELP)
     fit.add_argument("--episodes", help=EPISODES_HELP)
     fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "

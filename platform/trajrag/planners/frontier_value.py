@@ -52,6 +52,9 @@ class ValueModelError(ValueError):
 # Who walks ``trajrag value fit``'s episodes (``ValueConfig.walker``): "frontier" = nearest
 # frontier; "value" = the value planner of scoring.value_model (its own decisions).
 WALKERS = ("frontier", "value")
+# What a recorded candidate costs (``ValueConfig.target``): "myopic" = metres to the goal through
+# its frontier (hindsight geodesics); "rollout" = metres walked after taking it (agent/rollouts.py).
+TARGETS = ("myopic", "rollout")
 
 
 @dataclass
@@ -68,10 +71,17 @@ class ValueConfig:
     # Who walks the episodes whose decisions are recorded (configs/value.yaml); models fitted
     # before the key existed were walked by nearest frontier.
     walker: str = "frontier"
+    # The fit's cost of a candidate (configs/value.yaml; models fitted before the key: myopic).
+    target: str = "myopic"
+    rollout_decisions_per_episode: int = 3
 
     def __post_init__(self) -> None:
         if self.walker not in WALKERS:
             raise ValueError(f"value.walker must be one of {WALKERS}, got {self.walker!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"value.target must be one of {TARGETS}, got {self.target!r}")
+        if self.rollout_decisions_per_episode < 1:
+            raise ValueError(f"value.rollout_decisions_per_episode must be >= 1, got {self.rollout_decisions_per_episode}")
 
 
 @dataclass
