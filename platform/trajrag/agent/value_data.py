@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.rollouts import RolloutStats, rollout_decisions
 from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.rollouts import RolloutStats, rollout_decisions
 from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features, make_value_agent
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
