@@ -136,6 +136,27 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
 
 
+def test_a_finished_run_is_summarised_without_starting_ray(tmp_path, capsys, monkeypatch):
+    """A resumed cross-validation calls `trajrag eval --workers N` on many finished runs: each must
+    only be summarised, not wait for a Ray to start."""
+    from trajrag.cli import main
+    from trajrag.distributed import evaluate as job_module
+
+    argv = ["eval", "--scenes", SCENES, "--episodes", EPISODES, "--planner", "frontier",
+            "--out", str(tmp_path), "--workers", "2", "--json", *[a for o in JOB for a in ("--set", o)]]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started for a finished run")
+
+    monkeypatch.setattr(job_module, "ray_for_eval", no_ray)
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["evaluated"] == 0 and again["skipped_already_done"] == first["episodes"] == 4
+    assert (again["sr"], again["spl"]) == (first["sr"], first["spl"])
+
+
 def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 

@@ -9,6 +9,7 @@ tabulate every run found in ``<out>``, so ablations run one by one build one tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -159,7 +160,8 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episodes, out: Path) -> dict:
     """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray."""
-    from trajrag.distributed.evaluate import SERVED_PLANNERS, evaluate_ray, load_job_config, parse_shard, ray_for_eval
+    from trajrag.distributed.evaluate import (SERVED_PLANNERS, evaluate_ray, load_job_config, parse_shard,
+                                              pending_episodes, ray_for_eval)
 
     if args.lifelong:
         raise UserError("--lifelong inserts into the store as episodes finish, in one process: "
@@ -169,9 +171,11 @@ def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episo
     except ValueError as exc:
         raise UserError(str(exc)) from None
     cfg = load_job_config(args.overrides, args.workers)
-    served = any(planner in SERVED_PLANNERS for _, planner, _ in runs)
+    pending = [(label, planner) for label, planner, _ in runs if pending_episodes(label, episodes, out, shard)]
+    served = any(planner in SERVED_PLANNERS for _, planner in pending)
     summaries = {}
-    with ray_for_eval(args.ray_address, cfg, served):
+    # One Ray for every run with episodes left; finished runs are only summarised.
+    with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
         for label, planner, variant_overrides in runs:
             overrides = [*paths, *variant_overrides, *args.overrides]
             summary = evaluate_ray(label, planner, scenes, episodes, out, overrides, workers=args.workers,

@@ -468,9 +468,11 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
     done = run.finished()
     wanted = list(shard_range(len(episodes), shard))
     todo = [i for i in wanted if keys[i] not in done]
-    with ray_for_eval(ray_address, cfg, served):
-        _warn_if_too_small(cfg, served and bool(todo))
-        app, deployed, deploy_s = None, False, 0.0
+    app, deployed, deploy_s, pipe = None, False, 0.0, None
+    # A finished run is only summarised: no Ray to start (a resumed sweep of many runs).
+    with ray_for_eval(ray_address, cfg, served) if todo else contextlib.nullcontext():
+        if todo:
+            _warn_if_too_small(cfg, served)
         if todo and served:
             app, deployed, deploy_s = _deploy(overrides, cfg.serve)
         try:
@@ -483,6 +485,14 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
                 delete_planner_app(app)
     total_s = time.perf_counter() - started
     return _summarize(run, episodes, keys, wanted, todo, pipe, cfg, planner, app, deploy_s, total_s)
+
+
+def pending_episodes(label: str, episodes: Sequence[Any], out_dir: Path | str,
+                     shard: tuple[int, int] | None = None) -> int:
+    """Episodes of the ``shard`` range with no record yet under ``<out_dir>/<label>/`` (0: the run
+    is finished and ``evaluate_ray`` only summarises it)."""
+    done = ShardedRun(label, Path(out_dir) / label, shard).finished()
+    return sum(episode_key(episodes[i]) not in done for i in shard_range(len(episodes), shard))
 
 
 def _warn_if_too_small(cfg: EvalJobConfig, served: bool) -> None:
