@@ -51,6 +51,9 @@ class ForcedChoice:
     def choose(self, ctx: PlannerContext) -> int:
         picked = self.planner.choose(ctx)  # the wrapped planner keeps its own state as in the walk
         if self.calls == self.at:
+            if self.choice >= len(ctx.candidates):
+                raise RuntimeError(f"rollout: decision {self.at} has {len(ctx.candidates)} candidates on replay, "
+                                   f"not the walk's; the walker is not deterministic")
             picked, self.step_at = self.choice, ctx.step
         self.calls += 1
         return picked
@@ -109,12 +112,11 @@ def rollout_decisions(agent, sim, scene: Scene, episode: ObjectNavEpisode, episo
                 if candidate == choices[index] and _differs(result, walk):
                     stats.replay_mismatches += 1
                     stats.mismatched.append(f"{scene.name}:{episode.episode_id} decision {index}")
-                    cost[:] = math.nan  # the replay left the walk: this decision's costs mean nothing
-            if np.isnan(cost).any():
-                continue
-            stats.decisions += 1
-            out.append(ValueDecision(scene=recorded[index].scene, goal=recorded[index].goal,
-                                     features=recorded[index].features, cost_m=cost))
+                    break  # the replay left the walk: this decision's costs mean nothing
+            else:
+                stats.decisions += 1
+                out.append(ValueDecision(scene=recorded[index].scene, goal=recorded[index].goal,
+                                         features=recorded[index].features, cost_m=cost))
     finally:
         agent.planner = planner
     return out
