@@ -3,7 +3,7 @@
 # by default"): TrajRAG (scoring planner + a frontier value fitted on procedural homes only)
 # against nearest frontier on unseen Gibson homes, every one of the 25 train scenes held out once.
 #
-#   jobs/gibson_crossval.sh [OUT]          (default OUT: runs/gibson_cv)
+#   jobs/gibson_crossval.sh [OUT]          (default OUT: runs/gibson_cv; relative paths are from the repo root)
 #
 # 1. The frontier value: nearest-frontier walks in 440 procedural train homes, their decisions
 #    fitted into OUT/value/V_P.json (+ its experience table). It never sees a Gibson scene, so one
@@ -35,13 +35,14 @@ T=.venv/bin/trajrag
 mkdir -p "$OUT/value" "$OUT/logs"
 say() { echo "$(date +%H:%M:%S) $*" | tee -a "$OUT/logs/progress"; }
 
-# Runs "$@" unless DONE exists; DONE is written only when the command succeeds.
-step() {
-  local done=$1 log=$2; shift 2
-  [ -e "$done" ] && return 0
+# Runs "$@" with its output in logs/LOG.out and .err; a failure stops the job and names the log.
+run() {
+  local log=$1; shift
   "$@" > "$OUT/logs/$log.out" 2> "$OUT/logs/$log.err" || { echo "failed: $* (see $OUT/logs/$log.err)" >&2; exit 1; }
   say "$log"
 }
+# run, unless DONE (the file the command writes last) exists.
+step() { local done=$1; shift; [ -e "$done" ] || run "$@"; }
 
 V=$OUT/value
 walk() {  # nearest-frontier walks in procedural homes, their decisions kept for the fit
@@ -67,13 +68,12 @@ for seed in $SEEDS; do
   for k in 0 1 2 3 4; do
     F=$OUT/F$k; common=(--scenes "$GIBSON@held_out" --episodes "generated:10:$seed" --out "$F/O$seed"
                        --workers "$WORKERS" --json --preset "gibson_fold$k")
-    $T eval "${common[@]}" --planner frontier > "$OUT/logs/eval-F$k-O$seed-frontier.json" \
-      2> "$OUT/logs/eval-F$k-O$seed-frontier.err"
-    $T eval "${common[@]}" --planner trajrag --label "$LABEL" --store "$F/M" --model "$F/E" \
-      --set "scoring.value_model=$V/V_P.json" "${EXTRA_ARGS[@]}" > "$OUT/logs/eval-F$k-O$seed-$LABEL.json" \
-      2> "$OUT/logs/eval-F$k-O$seed-$LABEL.err"
-    say "seed $seed fold $k"
+    # Evaluations resume episode by episode, so they always run (a finished one only summarises).
+    run "eval-F$k-O$seed-frontier" $T eval "${common[@]}" --planner frontier
+    run "eval-F$k-O$seed-$LABEL" $T eval "${common[@]}" --planner trajrag \
+      --label "$LABEL" --store "$F/M" --model "$F/E" --set "scoring.value_model=$V/V_P.json" "${EXTRA_ARGS[@]}"
   done
 done
 
-$T compare "$OUT"/F?/O*/ --baseline frontier --runs "$LABEL" | tee "$OUT/compare-$LABEL.md"
+folders=(); for seed in $SEEDS; do for k in 0 1 2 3 4; do folders+=("$OUT/F$k/O$seed"); done; done
+$T compare "${folders[@]}" --baseline frontier --runs "$LABEL" | tee "$OUT/compare-$LABEL.md"
