@@ -225,7 +225,6 @@ def test_synthetic_floor_builds_the_expected_scene():
     assert s.floor[10, first - radius] and not s.floor[10, first - radius - 1]
 
 
-
 def test_the_five_fold_presets_hold_out_every_gibson_scene_once(gibson_train_path):
     """jobs/gibson_crossval.sh runs one fold per preset: together they must evaluate every scene
     exactly once, and fold 0 is the default split every single-split table used."""

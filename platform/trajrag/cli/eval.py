@@ -171,8 +171,8 @@ def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episo
     except ValueError as exc:
         raise UserError(str(exc)) from None
     cfg = load_job_config(args.overrides, args.workers)
-    pending = [(label, planner) for label, planner, _ in runs if pending_episodes(label, episodes, out, shard)]
-    served = any(planner in SERVED_PLANNERS for _, planner in pending)
+    pending = [planner for label, planner, _ in runs if pending_episodes(label, episodes, out, shard)]
+    served = any(planner in SERVED_PLANNERS for planner in pending)
     summaries = {}
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
