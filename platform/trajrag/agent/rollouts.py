@@ -25,6 +25,7 @@ from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.planners.base import PlannerContext
 from trajrag.planners.frontier_value import ValueDecision
 from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.metrics import path_length
 from trajrag.world.scene import Scene
 
 # A rollout of the walker's own choice must repeat the walk: its path may differ by float noise only.
@@ -72,8 +73,7 @@ class RolloutStats:
 
 def metres_after(result: EpisodeResult, step: int) -> float:
     """Metres walked from the pose after ``step`` actions to the end of the episode."""
-    xy = np.asarray([p[:2] for p in result.poses[step:]], dtype=float)
-    return float(np.linalg.norm(np.diff(xy, axis=0), axis=1).sum()) if len(xy) > 1 else 0.0
+    return path_length([p[:2] for p in result.poses[step:]])
 
 
 def rollout_decisions(agent, sim, scene: Scene, episode: ObjectNavEpisode, episode_cfg, recorder,
