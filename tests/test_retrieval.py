@@ -439,3 +439,41 @@ def test_eval_errors_are_one_line(nav_memory, tmp_path):
     run = _eval("--planner", "trajrag", "--store", str(tmp_path / "nothing"), "--model", nav_memory[1],
                 "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "no store there" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
+    """Records carry no settings: a resume with other --set values must not mix them in silently."""
+    out = tmp_path / "eval"
+    first = _eval("--planner", "frontier", "--out", str(out), "--set", "navigator.frontier_hysteresis_m=0.5")
+    assert first.returncode == 0, first.stderr[-2000:]
+    records = (out / "frontier" / "episodes.jsonl").read_text()
+    settings = json.loads((out / "frontier" / "run.json").read_text())
+    assert settings["planner"] == "frontier" and settings["overrides"]["navigator.frontier_hysteresis_m"] == "0.5"
+
+    # the same settings (and another job size) resume: nothing run twice
+    same = _eval("--planner", "frontier", "--out", str(out), "--set", "navigator.frontier_hysteresis_m=0.5",
+                 "--set", "eval_job.evaluators=3")
+    assert same.returncode == 0 and (out / "frontier" / "episodes.jsonl").read_text() == records
+
+    other = _eval("--planner", "frontier", "--out", str(out), "--set", "navigator.frontier_hysteresis_m=2")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "navigator.frontier_hysteresis_m: 0.5 -> 2" in other.stderr and "--label" in other.stderr
+    assert (out / "frontier" / "episodes.jsonl").read_text() == records  # nothing lost, nothing added
+    unset = _eval("--planner", "frontier", "--out", str(out))
+    assert unset.returncode == 2 and "0.5 -> (default)" in unset.stderr
+
+    # records from before run.json are adopted under the settings of the call that finds them
+    (out / "frontier" / "run.json").unlink()
+    adopted = _eval("--planner", "frontier", "--out", str(out))
+    assert adopted.returncode == 0 and "adopted" in adopted.stderr
+    assert json.loads((out / "frontier" / "run.json").read_text())["overrides"].get(
+        "navigator.frontier_hysteresis_m") is None
+
+
+def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
+    from trajrag.agent.evaluate import run_settings
+
+    settings = run_settings("trajrag", ["retrieval.store=M", "scoring.w_value=1", "eval_job.evaluators=4",
+                                        "scoring.w_value = 2"])
+    assert settings["planner"] == "trajrag"
+    assert settings["overrides"] == {"retrieval.store": "M", "scoring.w_value": "2"}

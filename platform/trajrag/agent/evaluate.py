@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,14 @@ from trajrag.world.scene import Scene
 TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions", "planner_calls",
                  "fallbacks", "retrieval_ms_p50")
 AUDIT_COLUMNS = ("decision_best_rate", "decision_score_rho")  # only when a run was audited
+RUN_SETTINGS_FORMAT = "trajrag-eval-run/1"
+# configs/eval_job.yaml says how the Ray job runs (actors, batching, Serve), not what an episode
+# does: a resumed run may change it.
+JOB_SECTIONS = ("eval_job",)
+
+
+class RunSettingsError(ValueError):
+    """A run label asked to resume with settings other than those its records were made with."""
 
 
 @dataclass
@@ -53,6 +62,64 @@ class AgentRun:
                 continue  # a line cut by a crash: that episode simply runs again
             done[(record["scene_key"], record["episode_id"])] = record
         return done
+
+    @property
+    def settings_path(self) -> Path:
+        return self.directory / "run.json"
+
+
+def run_settings(planner: str, overrides: Sequence[str]) -> dict:
+    """What makes one run's episodes one run: the planner and every ``section.key=value``
+    override it was given (memory and model paths included; the last value of a key wins), the
+    job sections left out."""
+    settings: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip().split(".")[0] not in JOB_SECTIONS:
+            settings[key.strip()] = value.strip()
+    return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items()))}
+
+
+def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
+    """Check each run label's settings (``run_settings``) against ``<out>/<label>/run.json`` and
+    write the file where it is missing; nothing is written unless every run agrees.
+
+    A resume with other settings would mix two configurations under one label, so it raises
+    ``RunSettingsError`` naming each difference. Records made before run.json existed are
+    adopted under the current settings; the returned notes say which."""
+    notes, unclaimed = [], []
+    for label, wanted in settings.items():
+        run = AgentRun(label, Path(out_dir) / label)
+        if run.settings_path.is_file():
+            try:
+                stored = json.loads(run.settings_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise RunSettingsError(f"{run.settings_path}: not a run settings file ({exc}); its records are "
+                                       f"untouched: fix or remove the file to resume") from None
+            if stored != wanted:
+                raise RunSettingsError(f"{run.directory} was run with other settings ({_settings_diff(stored, wanted)}); "
+                                       f"its {len(run.finished())} finished episodes would mix with these: give "
+                                       f"another --label or --out, or the same settings to resume")
+            continue
+        if run.finished():
+            notes.append(f"{run.directory}: records from before run.json, adopted with this call's settings")
+        unclaimed.append((run, wanted))
+    for run, wanted in unclaimed:
+        run.directory.mkdir(parents=True, exist_ok=True)
+        # the shards of one job may write it at once: each its own file, then one atomic rename
+        temporary = run.settings_path.with_name(f"run.json.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(wanted, indent=2) + "\n")
+        temporary.replace(run.settings_path)
+    return notes
+
+
+def _settings_diff(stored: dict, wanted: dict) -> str:
+    """``key: stored -> wanted`` for each difference (``(default)`` where a key was not set)."""
+    diffs = [f"planner: {stored.get('planner')} -> {wanted['planner']}"] if stored.get("planner") != wanted["planner"] else []
+    before, after = stored.get("overrides", {}), wanted["overrides"]
+    diffs += [f"{key}: {before.get(key, '(default)')} -> {after.get(key, '(default)')}"
+              for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    return "; ".join(diffs) or f"format {stored.get('format')!r}"
 
 
 def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: Sequence[ObjectNavEpisode],

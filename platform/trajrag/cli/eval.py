@@ -2,7 +2,9 @@
 
 Each (planner, variant) is one *run* labelled ``planner`` or ``planner-variant`` (or ``--label``):
 its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips finished
-episodes), its summary to ``<out>/<label>/summary.json``; ``<out>/results.md`` and ``results.csv``
+episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
+``--set`` values, memory and model) to ``<out>/<label>/run.json``: a resume with other settings is
+refused, so one label never mixes two configurations. ``<out>/results.md`` and ``results.csv``
 tabulate every run found in ``<out>``, so ablations run one by one build one table.
 """
 
@@ -52,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
     parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only)")
+    parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only); "
+                        "a run resumes only with the settings in its run.json")
     parser.add_argument("--lifelong", action="store_true",
                         help="insert each finished episode into the store as it runs (writes to --store) "
                         "and record SR/SPL against episodes seen in <out>/<label>/lifelong.csv")
@@ -100,17 +103,18 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[tupl
 
 
 def eval_command(args: argparse.Namespace) -> int:
+    from trajrag.agent.evaluate import RunSettingsError
     from trajrag.retrieval.retriever import RetrievalError
 
     try:
         return _evaluate(args)
-    except RetrievalError as exc:  # store errors are user errors for every command (cli/__init__)
+    except (RetrievalError, RunSettingsError) as exc:  # store errors are user errors for every command (cli/__init__)
         raise UserError(str(exc)) from exc
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from trajrag import config
-    from trajrag.agent.evaluate import evaluate_agent, write_results_table
+    from trajrag.agent.evaluate import claim_runs, evaluate_agent, run_settings, write_results_table
     from trajrag.agent.registry import make_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
@@ -129,6 +133,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
+    for note in claim_runs(out, {label: run_settings(planner, [*paths, *variant_overrides, *args.overrides])
+                                 for label, planner, variant_overrides in runs}):
+        print(note, file=sys.stderr)
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
