@@ -252,3 +252,27 @@ def test_experience_held_in_memory_finds_what_the_lancedb_query_finds(capsys):
     # Both searches are exact: the same neighbours, bar a float32 near-tie swapping one at the k-th place.
     assert out["agreement"] >= 0.95 and out["max_difference_m"] <= config.load("value").experience_cap_m / out["k"]
     assert out["experience_ms_p50"] > 0 and out["lancedb_ms_p50"] > 0 and out["speedup_p50"] > 0
+
+
+def test_a_few_decisions_refine_a_prior_model_instead_of_replacing_it(tmp_path):
+    """value.prior_model: a few hundred costly (rollout) decisions adjust a value fitted on many
+    cheap ones; fitted from nothing on so few, the value would forget what the many taught."""
+    from dataclasses import replace
+
+    from trajrag.planners.frontier_value import ValueModelError
+
+    prior = _fit(_decisions(300, seed=0))
+    prior.save(tmp_path / "prior.json")
+    # a few decisions, all looking for a toilet: alone they teach nothing about beds
+    few, held_out = [d for d in _decisions(12, seed=4) if d.goal == "toilet"], _decisions(200, seed=1)
+    refined = fit_value_model(few, VOCABULARY, GOALS, replace(config.load("value"), prior_model=str(tmp_path / "prior.json")))
+    np.testing.assert_array_equal(refined.mean, prior.mean)  # the prior's standardisation, so its weights mean the same
+    scratch = _fit(few)
+    best = {name: ranking_quality(held_out, lambda x, goal, m=m: m.score(x), tolerance_m=0.25)["best_rate"]
+            for name, m in (("prior", prior), ("refined", refined), ("scratch", scratch))}
+    assert best["refined"] >= best["prior"] - 0.02 and best["refined"] > best["scratch"] + 0.1
+    assert refined.config.prior_model == str(tmp_path / "prior.json")  # the file says where it came from
+
+    with pytest.raises(ValueModelError, match="prior_model .* other features"):
+        fit_value_model(few, [*VOCABULARY, "chair"], GOALS,
+                        replace(config.load("value"), prior_model=str(tmp_path / "prior.json")))

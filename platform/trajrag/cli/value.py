@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the scenes you evaluate on. --set value.target=rollout costs each candidate instead by the metres the "
         "walker walks to success after taking it (the episode replayed with that choice forced, at "
         "value.rollout_decisions_per_episode sampled decisions per walk; C + 1 episodes per decision of C "
-        "candidates: use --workers).")
+        "candidates: use --workers). --set value.prior_model=VALUE.json refines a fitted model (its "
+        "standardisation kept, the weights pulled towards its own) instead of fitting from nothing.")
     fit.add_argument("--scenes", help=SCENES_HELP)
     fit.add_argument("--episodes", help=EPISODES_HELP)
     fit.add_argument("--decisions", help="fit on decisions kept by --save-decisions instead of walking "

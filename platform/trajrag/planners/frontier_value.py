@@ -74,6 +74,9 @@ class ValueConfig:
     # The fit's cost of a candidate (configs/value.yaml; models fitted before the key: myopic).
     target: str = "myopic"
     rollout_decisions_per_episode: int = 3
+    # A fitted model to refine (configs/value.yaml): its standardisation is kept and the L2 pulls
+    # towards its weights instead of towards 0.
+    prior_model: str = ""
 
     def __post_init__(self) -> None:
         if self.walker not in WALKERS:
@@ -304,14 +307,18 @@ def usable(decisions: Sequence[ValueDecision]) -> list[ValueDecision]:
 
 def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str], goals: Sequence[str],
                     cfg: ValueConfig) -> FrontierValueModel:
-    """Fit the conditional logit (L-BFGS, L2 ``cfg.l2`` on the standardised weights)."""
+    """Fit the conditional logit (L-BFGS, L2 ``cfg.l2`` on the standardised weights; with
+    ``cfg.prior_model``, on their difference from that model's, in its standardisation)."""
     decisions = usable(decisions)
     if not decisions:
         raise ValueError("no decision with two candidates and a known way to the goal: collect more episodes")
     features = np.vstack([d.features for d in decisions])
-    mean = features.mean(axis=0)
-    scale = features.std(axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
+    prior = _prior_model(cfg.prior_model, vocabulary, goals)
+    if prior is not None:
+        mean, scale, start = prior.mean, prior.scale, prior.weights
+    else:
+        mean, scale, start = features.mean(axis=0), features.std(axis=0), np.zeros(features.shape[1])
+        scale = np.where(scale > 0, scale, 1.0)
     x = (features - mean) / scale
     target = np.concatenate([soft_target(d.cost_m, cfg.temperature_m) for d in decisions])
     starts = np.cumsum([0] + [len(d.cost_m) for d in decisions[:-1]])
@@ -325,14 +332,26 @@ def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str
         prob = exp / total
         nll = -np.sum(target * (logits - top - np.log(total))) / len(decisions)
         grad = x.T @ (prob - target) / len(decisions)
-        return nll + cfg.l2 * float(w @ w), grad + 2 * cfg.l2 * w
+        shift = w - start
+        return nll + cfg.l2 * float(shift @ shift), grad + 2 * cfg.l2 * shift
 
-    result = minimize(loss_and_grad, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",
+    result = minimize(loss_and_grad, start.copy(), jac=True, method="L-BFGS-B",
                       options={"maxiter": cfg.max_iterations})
     return FrontierValueModel(vocabulary=list(vocabulary), goals=list(goals),
                               feature_names=feature_names(vocabulary, goals), mean=mean, scale=scale,
                               weights=result.x, config=cfg, report={"decisions": len(decisions),
                                                                      "candidates": int(len(x))})
+
+
+def _prior_model(path: str, vocabulary: Sequence[str], goals: Sequence[str]) -> Optional[FrontierValueModel]:
+    """``value.prior_model`` loaded (None when unset); it must have the decisions' feature columns."""
+    if not path:
+        return None
+    prior = FrontierValueModel.load(path)
+    if prior.feature_names != feature_names(vocabulary, goals):
+        raise ValueModelError(f"value.prior_model {path} was fitted with other features (vocabulary {prior.vocabulary}, "
+                              f"goals {prior.goals}) than these decisions ({list(vocabulary)}, {list(goals)})")
+    return prior
 
 
 def ranking_quality(decisions: Sequence[ValueDecision], scorer, tolerance_m: float) -> dict:
