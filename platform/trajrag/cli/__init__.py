@@ -31,11 +31,12 @@ class UserError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
+    from trajrag.agent.evaluate import RunSettingsError
     from trajrag.memory.store import StoreError
     from trajrag.planners.frontier_value import ValueModelError
     from trajrag.world.datasets import DATA_ERRORS
 
-    return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, *DATA_ERRORS)
+    return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

@@ -103,12 +103,11 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[tupl
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from trajrag.agent.evaluate import RunSettingsError
     from trajrag.retrieval.retriever import RetrievalError
 
     try:
         return _evaluate(args)
-    except (RetrievalError, RunSettingsError) as exc:  # store errors are user errors for every command (cli/__init__)
+    except RetrievalError as exc:  # store errors are user errors for every command (cli/__init__)
         raise UserError(str(exc)) from exc
 
 

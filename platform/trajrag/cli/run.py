@@ -202,7 +202,7 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
              say) -> dict:
     """Stages 3 and 4: every agent on the evaluation episodes, the table and the pictures."""
     from trajrag import config
-    from trajrag.agent.evaluate import evaluate_agent, render_episode_png, write_results_table
+    from trajrag.agent.evaluate import claim_runs, evaluate_agent, render_episode_png, run_settings, write_results_table
     from trajrag.agent.registry import make_agent
     from trajrag.distributed.evaluate import evaluate_ray
     from trajrag.world.datasets import load_episodes, load_scenes
@@ -213,6 +213,8 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
     sim = GridSimulator(sim_cfg)
     say(f"[4/5] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
+    for note in claim_runs(out, {name: run_settings(name, overrides) for name in agents}):
+        say(note)
     summaries = {}
     for name in agents:
         if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
