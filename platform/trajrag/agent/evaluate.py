@@ -70,13 +70,14 @@ class AgentRun:
 
 def run_settings(planner: str, overrides: Sequence[str]) -> dict:
     """What makes one run's episodes one run: the planner and every ``section.key=value``
-    override it was given (memory and model paths included; the last value of a key wins), the
-    job sections left out."""
+    override it was given (memory and model paths included, as absolute paths when they exist
+    here, so a resume from another folder agrees; the last value of a key wins), the job
+    sections left out."""
     settings: dict[str, str] = {}
     for item in overrides:
-        key, _, value = item.partition("=")
-        if key.strip().split(".")[0] not in JOB_SECTIONS:
-            settings[key.strip()] = value.strip()
+        key, _, value = (part.strip() for part in item.partition("="))
+        if key.split(".")[0] not in JOB_SECTIONS:
+            settings[key] = str(Path(value).resolve()) if value and Path(value).exists() else value
     return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items()))}
 
 
