@@ -473,7 +473,7 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
     from trajrag.agent.evaluate import run_settings
 
-    settings = run_settings("trajrag", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
+    settings = run_settings("trajrag", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4", "run.workers=0",
                                         "scoring.w_value = 2"])
     assert settings["planner"] == "trajrag"
     assert settings["overrides"] == {"retrieval.store": "s3://bucket/M", "scoring.w_value": "2"}

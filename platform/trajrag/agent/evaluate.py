@@ -29,9 +29,10 @@ TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions
                  "fallbacks", "retrieval_ms_p50")
 AUDIT_COLUMNS = ("decision_best_rate", "decision_score_rho")  # only when a run was audited
 RUN_SETTINGS_FORMAT = "trajrag-eval-run/1"
-# configs/eval_job.yaml says how the Ray job runs (actors, batching, Serve), not what an episode
-# does: a resumed run may change it.
-JOB_SECTIONS = ("eval_job",)
+# How a job runs, not what an episode does, so a resumed run may change them: configs/eval_job.yaml
+# (actors, batching, Serve) and configs/run.yaml (`trajrag run`'s sizes and workers; the memory and
+# model it builds are named by their paths, and run.json records settings, not a memory's content).
+JOB_SECTIONS = ("eval_job", "run")
 
 
 class RunSettingsError(ValueError):
