@@ -265,7 +265,8 @@ def test_a_few_decisions_refine_a_prior_model_instead_of_replacing_it(tmp_path):
     prior.save(tmp_path / "prior.json")
     # a few decisions, all looking for a toilet: alone they teach nothing about beds
     few, held_out = [d for d in _decisions(12, seed=4) if d.goal == "toilet"], _decisions(200, seed=1)
-    refined = fit_value_model(few, VOCABULARY, GOALS, replace(config.load("value"), prior_model=str(tmp_path / "prior.json")))
+    with_prior = replace(config.load("value"), prior_model=str(tmp_path / "prior.json"))
+    refined = fit_value_model(few, VOCABULARY, GOALS, with_prior)
     np.testing.assert_array_equal(refined.mean, prior.mean)  # the prior's standardisation, so its weights mean the same
     scratch = _fit(few)
     best = {name: ranking_quality(held_out, lambda x, goal, m=m: m.score(x), tolerance_m=0.25)["best_rate"]
@@ -274,5 +275,4 @@ def test_a_few_decisions_refine_a_prior_model_instead_of_replacing_it(tmp_path):
     assert refined.config.prior_model == str(tmp_path / "prior.json")  # the file says where it came from
 
     with pytest.raises(ValueModelError, match="prior_model .* other features"):
-        fit_value_model(few, [*VOCABULARY, "chair"], GOALS,
-                        replace(config.load("value"), prior_model=str(tmp_path / "prior.json")))
+        fit_value_model(few, [*VOCABULARY, "chair"], GOALS, with_prior)

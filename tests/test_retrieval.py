@@ -473,8 +473,8 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
     from trajrag.agent.evaluate import run_settings
 
-    settings = run_settings("trajrag", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4", "run.workers=0",
-                                        "scoring.w_value = 2"])
+    settings = run_settings("trajrag", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
+                                        "run.workers=0", "scoring.w_value = 2"])
     assert settings["planner"] == "trajrag"
     assert settings["overrides"] == {"retrieval.store": "s3://bucket/M", "scoring.w_value": "2"}
 
@@ -484,4 +484,5 @@ def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, mon
 
     (tmp_path / "M").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert run_settings("trajrag", ["retrieval.store=M"]) == run_settings("trajrag", [f"retrieval.store={tmp_path / 'M'}"])
+    absolute = run_settings("trajrag", [f"retrieval.store={tmp_path / 'M'}"])
+    assert run_settings("trajrag", ["retrieval.store=M"]) == absolute

@@ -99,9 +99,10 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
                 raise RunSettingsError(f"{run.settings_path}: not a run settings file ({exc}); its records are "
                                        f"untouched: fix or remove the file to resume") from None
             if stored != wanted:
-                raise RunSettingsError(f"{run.directory} was run with other settings ({_settings_diff(stored, wanted)}); "
-                                       f"its {len(run.finished())} finished episodes would mix with these: give "
-                                       f"another --label or --out, or the same settings to resume")
+                raise RunSettingsError(f"{run.directory} was run with other settings "
+                                       f"({_settings_diff(stored, wanted)}); its {len(run.finished())} finished "
+                                       f"episodes would mix with these: give another --label or --out, or the "
+                                       f"same settings to resume")
             continue
         if run.finished():
             notes.append(f"{run.directory}: records from before run.json, adopted with this call's settings")
@@ -117,7 +118,9 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
 
 def _settings_diff(stored: dict, wanted: dict) -> str:
     """``key: stored -> wanted`` for each difference (``(default)`` where a key was not set)."""
-    diffs = [f"planner: {stored.get('planner')} -> {wanted['planner']}"] if stored.get("planner") != wanted["planner"] else []
+    diffs = []
+    if stored.get("planner") != wanted["planner"]:
+        diffs.append(f"planner: {stored.get('planner')} -> {wanted['planner']}")
     before, after = stored.get("overrides", {}), wanted["overrides"]
     diffs += [f"{key}: {before.get(key, '(default)')} -> {after.get(key, '(default)')}"
               for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
