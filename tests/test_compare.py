@@ -73,3 +73,22 @@ def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_s
     (result,) = compare_runs([seed0], "frontier", ["trajrag"])
     low, high = result.d_spl_interval
     assert f"| trajrag | 2 | +0.500 [" in table and f"+0.350 [{low:+.3f}, {high:+.3f}]" in table
+
+
+def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
+    """A run paired with a baseline walked at another resolution (or episode budget) compares
+    worlds, not planners: the comparison says so, from the runs' run.json."""
+    from trajrag.agent.evaluate import run_settings
+
+    seed0, seed1 = two_seeds
+    trajrag = {seed0: ["sim.width=320", "scoring.w_value=2"],
+               seed1: ["sim.width=160", "scoring.w_value=2", "episodes.max_steps=100"]}
+    for folder, overrides in trajrag.items():
+        (folder / "frontier" / "run.json").write_text(json.dumps(run_settings("frontier", ["sim.width=320"])))
+        (folder / "trajrag" / "run.json").write_text(json.dumps(run_settings("trajrag", overrides)))
+    (result,) = compare_runs(two_seeds, "frontier")
+    # planner settings (scoring) may differ; world settings (sim, episodes) may not
+    assert result.warnings == [f"{seed1}: episodes.max_steps: 100 (trajrag) vs (default) (frontier)",
+                               f"{seed1}: sim.width: 160 (trajrag) vs 320 (frontier)"]
+    assert main(["compare", *map(str, two_seeds)]) == 0
+    assert "warning: not walked in the same world" in capsys.readouterr().err

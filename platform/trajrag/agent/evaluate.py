@@ -10,7 +10,7 @@ import json
 import math
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -33,6 +33,9 @@ RUN_SETTINGS_FORMAT = "trajrag-eval-run/1"
 # (actors, batching, Serve) and configs/run.yaml (`trajrag run`'s sizes and workers; the memory and
 # model it builds are named by their paths, and run.json records settings, not a memory's content).
 JOB_SECTIONS = ("eval_job", "run")
+# The sections that make the world and the episodes, the same for every planner: two runs paired
+# episode by episode must agree on them (``compare_runs`` says where they do not).
+WORLD_SECTIONS = ("sim", "episodes", "perception", "procedural", "gibson")
 
 
 class RunSettingsError(ValueError):
@@ -278,6 +281,8 @@ class PairedComparison:
     d_spl: float
     d_spl_interval: tuple[float, float]
     folders: list[dict]
+    # world settings (WORLD_SECTIONS) on which the run and the baseline differ, per folder
+    warnings: list[str] = field(default_factory=list)
 
 
 def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | None = None,
@@ -302,10 +307,12 @@ def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | 
 def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, resamples: int, seed: int,
                  missing_ok: bool) -> PairedComparison:
     """``compare_runs`` for one run: (success, spl) of baseline and run on each shared episode."""
-    base_rows, run_rows, per_folder = [], [], []
+    base_rows, run_rows, per_folder, warnings = [], [], [], []
     for folder in folders:
         other = AgentRun(run, folder / run).finished()
         shared = sorted(set(bases[folder]) & set(other))
+        if shared:
+            warnings += [f"{folder}: {d}" for d in world_differences(folder, run, baseline)]
         base = np.array([_success_spl(bases[folder][k]) for k in shared]).reshape(-1, 2)
         mine = np.array([_success_spl(other[k]) for k in shared]).reshape(-1, 2)
         base_rows.append(base)
@@ -327,7 +334,22 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
                             baseline_sr=float(base_mean[0]), baseline_spl=float(base_mean[1]),
                             d_sr=float(run_mean[0] - base_mean[0]), d_sr_interval=intervals[0],
                             d_spl=float(run_mean[1] - base_mean[1]), d_spl_interval=intervals[1],
-                            folders=per_folder)
+                            folders=per_folder, warnings=warnings)
+
+
+def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
+    """``key: run's value vs baseline's`` for each world setting (``WORLD_SECTIONS``) on which the
+    two runs' run.json in ``folder`` differ; none when either has no run.json (runs made before it)."""
+    stored = []
+    for label in (run, baseline):
+        path = AgentRun(label, folder / label).settings_path
+        try:
+            stored.append(json.loads(path.read_text()).get("overrides", {}))
+        except (OSError, json.JSONDecodeError):
+            return []
+    mine, theirs = ({k: v for k, v in s.items() if k.split(".")[0] in WORLD_SECTIONS} for s in stored)
+    return [f"{key}: {mine.get(key, '(default)')} ({run}) vs {theirs.get(key, '(default)')} ({baseline})"
+            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
 
 
 def _success_spl(record: dict) -> tuple[float, float]:

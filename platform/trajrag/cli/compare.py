@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Pairs each run's episodes with the baseline's inside every folder (episode ids "
         "repeat across generated seeds, so never across folders), pools the pairs and prints, per run: "
         "episodes, sr, spl, the baseline's sr and spl, d_sr and d_spl (run - baseline, fractions) with "
-        "95%% paired bootstrap intervals, and each folder's own d_sr and d_spl.",
+        "95%% paired bootstrap intervals, and each folder's own d_sr and d_spl. It warns where a run and the "
+        "baseline were walked with other world settings (sim, episodes, perception, procedural, gibson; "
+        "from their run.json).",
         epilog="example, a 5-fold x 3-seed Gibson cross-validation: trajrag compare runs/gibson/F*/O* "
         "--baseline frontier --runs trajrag",
     )
@@ -54,6 +57,8 @@ def compare_command(args: argparse.Namespace) -> int:
     for c in comparisons:
         print(f"| {c.run} | {c.episodes} | {c.sr:.3f} | {c.spl:.3f} | {c.baseline_sr:.3f} | {c.baseline_spl:.3f} "
               f"| {_points(c.d_sr, c.d_sr_interval)} | {_points(c.d_spl, c.d_spl_interval)} |")
+    for warning in (w for c in comparisons for w in c.warnings):
+        print(f"warning: not walked in the same world, {warning}", file=sys.stderr)
     for c in comparisons if len(args.folders) > 1 else ():
         print(f"\n{c.run}, per folder (d_sr / d_spl, points):")
         for f in c.folders:
