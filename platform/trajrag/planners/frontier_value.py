@@ -349,8 +349,9 @@ def _prior_model(path: str, vocabulary: Sequence[str], goals: Sequence[str]) -> 
         return None
     prior = FrontierValueModel.load(path)
     if prior.feature_names != feature_names(vocabulary, goals):
-        raise ValueModelError(f"value.prior_model {path} was fitted with other features "
-                              f"(vocabulary {prior.vocabulary}, goals {prior.goals}) than these decisions ({list(vocabulary)}, {list(goals)})")
+        raise ValueModelError(f"value.prior_model {path} was fitted with other features (vocabulary "
+                              f"{prior.vocabulary}, goals {prior.goals}) than these decisions "
+                              f"({list(vocabulary)}, {list(goals)})")
     return prior
 
 
