@@ -311,8 +311,6 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
     for folder in folders:
         other = AgentRun(run, folder / run).finished()
         shared = sorted(set(bases[folder]) & set(other))
-        if shared:
-            warnings += [f"{folder}: {d}" for d in world_differences(folder, run, baseline)]
         base = np.array([_success_spl(bases[folder][k]) for k in shared]).reshape(-1, 2)
         mine = np.array([_success_spl(other[k]) for k in shared]).reshape(-1, 2)
         base_rows.append(base)
@@ -321,6 +319,7 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
             d = (mine - base).mean(axis=0)
             per_folder.append({"folder": str(folder), "episodes": len(shared), "d_sr": float(d[0]),
                                "d_spl": float(d[1])})
+            warnings += [f"{folder}: {difference}" for difference in world_differences(folder, run, baseline)]
     base, mine = np.vstack(base_rows), np.vstack(run_rows)
     if not len(base) and not missing_ok:
         raise ValueError(f"run {run!r} shares no finished episode with {baseline!r} in "

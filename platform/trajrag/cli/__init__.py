@@ -36,7 +36,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from trajrag.planners.frontier_value import ValueModelError
     from trajrag.world.datasets import DATA_ERRORS
 
-    return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError, *DATA_ERRORS)
+    return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError,
+            *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

@@ -202,7 +202,8 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
              say) -> dict:
     """Stages 3 and 4: every agent on the evaluation episodes, the table and the pictures."""
     from trajrag import config
-    from trajrag.agent.evaluate import claim_runs, evaluate_agent, render_episode_png, run_settings, write_results_table
+    from trajrag.agent.evaluate import (claim_runs, evaluate_agent, render_episode_png, run_settings,
+                                        write_results_table)
     from trajrag.agent.registry import make_agent
     from trajrag.distributed.evaluate import evaluate_ray
     from trajrag.world.datasets import load_episodes, load_scenes

@@ -84,7 +84,8 @@ class ValueConfig:
         if self.target not in TARGETS:
             raise ValueError(f"value.target must be one of {TARGETS}, got {self.target!r}")
         if self.rollout_decisions_per_episode < 1:
-            raise ValueError(f"value.rollout_decisions_per_episode must be >= 1, got {self.rollout_decisions_per_episode}")
+            raise ValueError(f"value.rollout_decisions_per_episode must be >= 1, "
+                             f"got {self.rollout_decisions_per_episode}")
 
 
 @dataclass
