@@ -462,6 +462,13 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     unset = _eval("--planner", "frontier", "--out", str(out))
     assert unset.returncode == 2 and "0.5 -> (default)" in unset.stderr
 
+    # a damaged run.json is named, and neither it nor the records are touched
+    (out / "frontier" / "run.json").write_text("{not json")
+    damaged = _eval("--planner", "frontier", "--out", str(out))
+    assert damaged.returncode == 2 and "not a run settings file" in damaged.stderr and "Traceback" not in damaged.stderr
+    assert (out / "frontier" / "run.json").read_text() == "{not json"
+    assert (out / "frontier" / "episodes.jsonl").read_text() == records
+
     # records from before run.json are adopted under the settings of the call that finds them
     (out / "frontier" / "run.json").unlink()
     adopted = _eval("--planner", "frontier", "--out", str(out))
