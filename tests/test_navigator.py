@@ -122,6 +122,22 @@ def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
 
 
+def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_path):
+    # Gibson Mifflinburg's toilet, seed 0 episode 5 (fold 4 of the cross-validation): the nearest
+    # mapped toilet cell flipped with every step between two whose free approach cells lay apart,
+    # so the agent stepped, turned about, stepped back, for 460 of its 500 steps, 1.3 m from the goal.
+    overrides = ["gibson.held_out_scenes=[Mifflinburg]"]
+    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
+    episode = next(e for e in load_episodes("generated:10:0", scenes) if e.episode_id.endswith(":5"))
+    sim_cfg = config.load("sim")
+    agent = make_frontier_agent(sim_cfg)
+    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    moves = "".join("SFLR"[int(a)] for a in result.actions)
+    assert moves.count("FLLLLLLF") <= 2, "the agent ping-pongs between two cells"
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
+    assert result.metrics.steps < 100
+
+
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
     # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent

@@ -106,6 +106,8 @@ class Navigator:
         self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
         self.blacklist_resets = 0
         self.goal_blocked_at: Optional[np.ndarray] = None  # where the goal was last found unreachable
+        self.goal_target: Optional[np.ndarray] = None  # the mapped goal cell being walked to (m)
+        self.goal_target_before: Optional[np.ndarray] = None  # the one walked to before it
         self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
         self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
         self.stats = NavigatorStats()
@@ -124,19 +126,35 @@ class Navigator:
             self.policy.interrupt()
             return Action.TURN_LEFT
         sem, pose = self.builder.map, obs.pose
-        goal_xy = self._nearest_goal_cell(pose)
-        if goal_xy is not None:
-            if np.linalg.norm(goal_xy - pose.xy) <= self.cfg.stop_distance_m:
+        goal_cells = self._mapped_goal_cells()
+        if goal_cells is not None:
+            if np.min(np.linalg.norm(goal_cells - pose.xy, axis=1)) <= self.cfg.stop_distance_m:
                 return self._stop("goal_in_reach")
             if self._goal_worth_trying(pose.xy):
-                result = self.policy.act(sem, pose, goal_xy)
+                result = self.policy.act(sem, pose, self._approach_target(goal_cells, pose.xy))
                 if result.action is not None:
                     return result.action
                 if result.status == PolicyStatus.REACHED:
                     return self._stop("goal_reached_waypoint")
                 self.goal_blocked_at = pose.xy.copy()  # unreachable from here: explore on, retry later
+                self.goal_target = self.goal_target_before = None
                 self.waypoint = None
         return self._explore(obs)
+
+    def _approach_target(self, goal_cells: np.ndarray, xy: np.ndarray) -> np.ndarray:
+        """The mapped goal cell to walk to (metres): the nearest, unless the nearest flips back to
+        the cell walked to before the current one; the agent then keeps the current one. Two goal
+        cells nearest in turn from two neighbouring cells, approached from different sides, sent the
+        agent back and forth between those two cells (Gibson Mifflinburg's toilet: for 460 of 500
+        steps). Otherwise the nearest is re-picked at every step, as the approach is replanned."""
+        nearest = goal_cells[int(np.argmin(np.linalg.norm(goal_cells - xy, axis=1)))]
+        current, before = self.goal_target, self.goal_target_before
+        if current is not None and before is not None and np.array_equal(nearest, before):
+            if np.min(np.linalg.norm(goal_cells - current, axis=1)) < 1e-9:  # still on the map
+                return current
+        if current is None or not np.array_equal(nearest, current):
+            self.goal_target_before, self.goal_target = current, nearest
+        return nearest
 
     def _goal_worth_trying(self, xy: np.ndarray) -> bool:
         """Whether to walk to the mapped goal: always, unless it was found unreachable less than
@@ -287,8 +305,8 @@ class Navigator:
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:
         return any(np.linalg.norm(frontier.centroid_xy - p) <= self.cfg.blacklist_radius_m for p in places)
 
-    def _nearest_goal_cell(self, pose) -> Optional[np.ndarray]:
-        """Map-frame metres of the mapped goal cell nearest the agent, once enough are mapped."""
+    def _mapped_goal_cells(self) -> Optional[np.ndarray]:
+        """Map-frame metres (N, 2) of the mapped goal cells, once enough are mapped (else None)."""
         sem = self.builder.map
         bbox = sem.explored_bbox()
         if bbox is None:
@@ -297,8 +315,7 @@ class Navigator:
         cells = np.argwhere(sem.objects[self.goal_channel, r0:r1, c0:c1])
         if len(cells) < self.cfg.goal_min_cells:
             return None
-        xy = sem.to_xy(cells + np.array([r0, c0]))
-        return xy[int(np.argmin(np.linalg.norm(xy - pose.xy, axis=1)))]
+        return sem.to_xy(cells + np.array([r0, c0]))
 
     def topo_trajectory(self, success: bool, with_place: bool = False):
         """The finished episode as a topo-polar trajectory (for export and the memory; with its
