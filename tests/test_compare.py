@@ -92,3 +92,10 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
                                f"{seed1}: sim.width: 160 (trajrag) vs 320 (frontier)"]
     assert main(["compare", *map(str, two_seeds)]) == 0
     assert "warning: not walked in the same world" in capsys.readouterr().err
+
+    # a baseline scored by an older trajrag (success inside the goal region only) is flagged too
+    older = {**run_settings("frontier", ["sim.width=320"]), "format": "trajrag-eval-run/1"}
+    (seed0 / "frontier" / "run.json").write_text(json.dumps(older))
+    (result,) = compare_runs(two_seeds, "frontier")
+    assert result.warnings[0] == (f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs trajrag-eval-run/1 (frontier): "
+                                  f"success scored differently")

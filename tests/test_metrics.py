@@ -14,7 +14,7 @@ from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.frames import Pose2D
 from trajrag.world.interface import Action
-from trajrag.world.metrics import EpisodeMetrics, spl, summarize
+from trajrag.world.metrics import EpisodeMetrics, episode_metrics, spl, summarize
 from trajrag.world.scene import NO_CATEGORY, Scene
 from trajrag.world.sim import GridSimulator
 
@@ -91,6 +91,26 @@ def test_stopping_1_2_m_from_the_goal_fails(world):
     assert 1.15 < math.hypot(*(final - np.array([2.525, 0.425]))) < 1.25
     assert not m.success and m.spl == 0.0 and result.outcome == "stopped_outside_goal"
     assert 0.1 < m.distance_to_goal < 0.3 and m.called_stop
+
+
+def test_a_stop_a_cell_outside_the_goal_region_succeeds_as_in_habitat(world):
+    # habitat-lab's ObjectNav success: STOP under 0.1 m (geodesic) from a view point; the goal
+    # region plays the view points' part, so a STOP one or two cells outside it succeeds.
+    scene, cfg, sim, goal, episode = world
+    assert cfg.success_tolerance_m == pytest.approx(0.1)
+    outside = [tuple(c) for c in np.argwhere(np.isfinite(goal.distance) & ~goal.region)]
+    one_cell = next(c for c in outside if goal.distance[c] == pytest.approx(CELL))
+    three_cells = next(c for c in outside if goal.distance[c] == pytest.approx(3 * CELL))
+
+    def stop_at(cell, tolerance):
+        return episode_metrics(episode_id="0", scene_key=scene.name, category="chair", goal=goal, final_cell=cell,
+                               geodesic_distance=2.0, travelled_m=2.5, steps=20, collisions=0, called_stop=True,
+                               max_steps=cfg.max_steps, success_tolerance_m=tolerance)
+
+    assert stop_at(one_cell, cfg.success_tolerance_m).success
+    assert stop_at(one_cell, cfg.success_tolerance_m).spl == pytest.approx(2.0 / 2.5)
+    assert not stop_at(three_cells, cfg.success_tolerance_m).success
+    assert not stop_at(one_cell, 0.0).success, "tolerance 0: only inside the region"
 
 
 def test_reaching_the_goal_without_stop_fails(world):

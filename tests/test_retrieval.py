@@ -462,6 +462,14 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     unset = _eval("--planner", "frontier", "--out", str(out))
     assert unset.returncode == 2 and "0.5 -> (default)" in unset.stderr
 
+    # records scored by an older trajrag (run.json format /1: success only inside the goal region)
+    # do not take records scored with habitat's 0.1 m tolerance
+    older = {**settings, "format": "trajrag-eval-run/1"}
+    (out / "frontier" / "run.json").write_text(json.dumps(older))
+    scored_otherwise = _eval("--planner", "frontier", "--out", str(out), "--set", "navigator.frontier_hysteresis_m=0.5")
+    assert scored_otherwise.returncode == 2 and "format: trajrag-eval-run/1 -> trajrag-eval-run/2" in scored_otherwise.stderr
+    assert (out / "frontier" / "episodes.jsonl").read_text() == records
+
     # a damaged run.json is named, and neither it nor the records are touched
     (out / "frontier" / "run.json").write_text("{not json")
     damaged = _eval("--planner", "frontier", "--out", str(out))

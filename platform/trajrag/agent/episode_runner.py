@@ -104,7 +104,7 @@ def run_episode(sim: Simulator, agent: Agent, episode: ObjectNavEpisode, scene: 
         episode_id=str(episode.episode_id), scene_key=scene.name, category=episode.object_category,
         goal=goal, final_cell=scene.to_cell(pose.xy), geodesic_distance=geodesic,
         travelled_m=travelled, steps=len(actions), collisions=sum(collided),
-        called_stop=called_stop, max_steps=max_steps)
+        called_stop=called_stop, max_steps=max_steps, success_tolerance_m=cfg.success_tolerance_m)
     if metrics.success:
         outcome = SUCCESS
     elif called_stop:

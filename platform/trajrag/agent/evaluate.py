@@ -28,7 +28,9 @@ from trajrag.world.scene import Scene
 TABLE_COLUMNS = ("agent", "episodes", "sr", "spl", "dtg_m", "steps", "collisions", "planner_calls",
                  "fallbacks", "retrieval_ms_p50")
 AUDIT_COLUMNS = ("decision_best_rate", "decision_score_rho")  # only when a run was audited
-RUN_SETTINGS_FORMAT = "trajrag-eval-run/1"
+# /2: success counts a STOP under episodes.success_tolerance_m (0.1 m, habitat's) outside the goal
+# region; /1 runs scored inside the region only, so their records neither resume nor pair with /2.
+RUN_SETTINGS_FORMAT = "trajrag-eval-run/2"
 # How a job runs, not what an episode does, so a resumed run may change them: configs/eval_job.yaml
 # (actors, batching, Serve) and configs/run.yaml (`trajrag run`'s sizes and workers; the memory and
 # model it builds are named by their paths, and run.json records settings, not a memory's content).
@@ -122,12 +124,15 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
 def _settings_diff(stored: dict, wanted: dict) -> str:
     """``key: stored -> wanted`` for each difference (``(default)`` where a key was not set)."""
     diffs = []
+    if stored.get("format") != wanted["format"]:
+        diffs.append(f"format: {stored.get('format')} -> {wanted['format']} (success scored differently, "
+                     f"agent/evaluate.py RUN_SETTINGS_FORMAT)")
     if stored.get("planner") != wanted["planner"]:
         diffs.append(f"planner: {stored.get('planner')} -> {wanted['planner']}")
     before, after = stored.get("overrides", {}), wanted["overrides"]
     diffs += [f"{key}: {before.get(key, '(default)')} -> {after.get(key, '(default)')}"
               for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-    return "; ".join(diffs) or f"format {stored.get('format')!r}"
+    return "; ".join(diffs)
 
 
 def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: Sequence[ObjectNavEpisode],
@@ -338,17 +343,22 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
 
 def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
     """``key: run's value vs baseline's`` for each world setting (``WORLD_SECTIONS``) on which the
-    two runs' run.json in ``folder`` differ; none when either has no run.json (runs made before it)."""
+    two runs' run.json in ``folder`` differ, and their format when it differs (success was scored
+    another way); none when either has no run.json (runs made before it)."""
     stored = []
     for label in (run, baseline):
         path = AgentRun(label, folder / label).settings_path
         try:
-            stored.append(json.loads(path.read_text()).get("overrides", {}))
+            stored.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
             return []
-    mine, theirs = ({k: v for k, v in s.items() if k.split(".")[0] in WORLD_SECTIONS} for s in stored)
-    return [f"{key}: {mine.get(key, '(default)')} ({run}) vs {theirs.get(key, '(default)')} ({baseline})"
-            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+    formats = [s.get("format") for s in stored]
+    mine, theirs = ({k: v for k, v in s.get("overrides", {}).items() if k.split(".")[0] in WORLD_SECTIONS}
+                    for s in stored)
+    notes = [f"format: {formats[0]} ({run}) vs {formats[1]} ({baseline}): success scored differently"] \
+        if formats[0] != formats[1] else []
+    return notes + [f"{key}: {mine.get(key, '(default)')} ({run}) vs {theirs.get(key, '(default)')} ({baseline})"
+                    for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
 
 
 def _success_spl(record: dict) -> tuple[float, float]:

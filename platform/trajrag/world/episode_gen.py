@@ -52,7 +52,8 @@ class EpisodeConfig:
     """Episode definition and generation (values and sources: ``configs/episodes.yaml``).
 
     goal_categories: ObjectNav goal names. success_distance: metres from a goal object within
-    which STOP succeeds. max_steps: action budget per episode. min_geodesic, max_geodesic:
+    which STOP succeeds (the goal region). success_tolerance_m: geodesic metres outside the region
+    that still count (habitat's 0.1 m to the view points). max_steps: action budget per episode. min_geodesic, max_geodesic:
     metres. geodesic_to_euclid_min_ratio, ratio_keep_scale, ratio_keep_offset: straight-line
     filter. retries_per_episode: start draws per episode. min_island_radius: metres.
     geodesic_neighbourhood_radius: cells (1: 8 neighbours, 2: 16, 3: 32). field_cache_size:
@@ -64,6 +65,7 @@ class EpisodeConfig:
 
     goal_categories: list[str]
     success_distance: float
+    success_tolerance_m: float
     max_steps: int
     min_geodesic: float
     max_geodesic: float
@@ -91,9 +93,10 @@ def check_config(cfg: EpisodeConfig) -> None:
     if not 0 <= cfg.min_geodesic <= cfg.max_geodesic:
         raise config_mod.ConfigError(f"episodes: need 0 <= min_geodesic <= max_geodesic, got "
                           f"{cfg.min_geodesic}, {cfg.max_geodesic}")
-    if cfg.success_distance < 0 or cfg.max_steps < 1 or cfg.retries_per_episode < 1:
-        raise config_mod.ConfigError(f"episodes: success_distance >= 0, max_steps >= 1 and retries_per_episode >= 1 "
-                          f"required, got {cfg.success_distance}, {cfg.max_steps}, {cfg.retries_per_episode}")
+    if cfg.success_distance < 0 or cfg.success_tolerance_m < 0 or cfg.max_steps < 1 or cfg.retries_per_episode < 1:
+        raise config_mod.ConfigError(f"episodes: success_distance >= 0, success_tolerance_m >= 0, max_steps >= 1 and "
+                          f"retries_per_episode >= 1 required, got {cfg.success_distance}, {cfg.success_tolerance_m}, "
+                          f"{cfg.max_steps}, {cfg.retries_per_episode}")
     if cfg.geodesic_neighbourhood_radius < 1 or cfg.field_cache_size < 1:
         raise config_mod.ConfigError("episodes: geodesic_neighbourhood_radius and field_cache_size must be >= 1")
     if cfg.action_path_heuristic_weight < 1 or cfg.action_path_turn_cost_m < 0 or cfg.action_path_max_expansions < 1:

@@ -5,8 +5,9 @@
   within the success distance of the object; here the goal region (``geodesic.goal_region``)
   plays that part, so DTG is 0 inside it.
 * ``success``: the agent called STOP, within the step budget (500 actions, TrajRAG paper; the STOP
-  itself is one of them, as in habitat's ``Env.step``), while its distance to goal is 0, i.e.
-  while it stands in the goal region (= within 1.0 m of a goal object).
+  itself is one of them, as in habitat's ``Env.step``), while its distance to goal is under the
+  success tolerance (0.1 m, habitat's ``success_distance`` to the view points): in the goal region
+  (= within 1.0 m of a goal object) or a cell or two outside it.
 * ``spl``: ``success * l / max(l, p)`` with ``l`` the episode's ``info["geodesic_distance"]`` and
   ``p`` the length of the path actually travelled (sum of the displacements between consecutive
   poses; turns and blocked moves add nothing), as habitat-lab's SPL measure.
@@ -44,9 +45,12 @@ class EpisodeMetrics:
         return asdict(self)
 
 
-def is_success(called_stop: bool, in_goal_region: bool, steps: int, max_steps: int) -> bool:
-    """habitat-lab Success: STOP called inside the goal region within ``max_steps`` actions."""
-    return bool(called_stop and in_goal_region and steps <= max_steps)
+def is_success(called_stop: bool, in_goal_region: bool, distance_to_goal: float, tolerance_m: float,
+               steps: int, max_steps: int) -> bool:
+    """habitat-lab Success: STOP called within ``max_steps`` actions, in the goal region or less
+    than ``tolerance_m`` (geodesic metres) from it."""
+    near = in_goal_region or distance_to_goal < tolerance_m
+    return bool(called_stop and near and steps <= max_steps)
 
 
 def spl(success: bool, shortest_m: float, path_length_m: float) -> float:
@@ -67,18 +71,20 @@ def path_length(xys: Sequence[Sequence[float]] | np.ndarray) -> float:
 
 def episode_metrics(*, episode_id: str, scene_key: str, category: str, goal: GoalField,
                     final_cell: Sequence[int], geodesic_distance: float, travelled_m: float,
-                    steps: int, collisions: int, called_stop: bool, max_steps: int) -> EpisodeMetrics:
+                    steps: int, collisions: int, called_stop: bool, max_steps: int,
+                    success_tolerance_m: float) -> EpisodeMetrics:
     """Metrics of one episode from its outcome.
 
     goal: the (scene, category) goal field. final_cell: ``(row, col)`` where the agent ended.
     geodesic_distance: the episode's ``info["geodesic_distance"]`` (m). travelled_m: path length
-    actually travelled (m).
+    actually travelled (m). success_tolerance_m: geodesic metres outside the goal region that
+    still count as success (``configs/episodes.yaml``).
     """
     dtg = goal.cell_distance(final_cell)
     r, c = int(final_cell[0]), int(final_cell[1])
     h, w = goal.region.shape
     inside = bool(0 <= r < h and 0 <= c < w and goal.region[r, c])
-    ok = is_success(called_stop, inside, steps, max_steps)
+    ok = is_success(called_stop, inside, dtg, success_tolerance_m, steps, max_steps)
     return EpisodeMetrics(
         episode_id=episode_id,
         scene_key=scene_key,
