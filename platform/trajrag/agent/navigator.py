@@ -146,7 +146,7 @@ class Navigator:
         walked to and left during this approach; it then keeps the current one. Nearest by straight
         line is not nearest by path: from three neighbouring cells beside Mifflinburg's toilet the
         nearest goal cells were approached from opposite sides, and re-picking the nearest sent the
-        agent round those cells for 300-460 of its 500 steps (3 nearest-frontier and 5 TrajRAG
+        agent round those cells for 300-470 of its 500 steps (3 nearest-frontier and 5 TrajRAG
         episodes of the Gibson cross-validation). Otherwise the nearest is re-picked at every step,
         so the approach is replanned as the object's near side comes into view."""
         nearest = goal_cells[int(np.argmin(np.linalg.norm(goal_cells - xy, axis=1)))]
