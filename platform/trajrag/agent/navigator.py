@@ -128,10 +128,11 @@ class Navigator:
         sem, pose = self.builder.map, obs.pose
         goal_cells = self._mapped_goal_cells()
         if goal_cells is not None:
-            if np.min(np.linalg.norm(goal_cells - pose.xy, axis=1)) <= self.cfg.stop_distance_m:
+            distances = np.linalg.norm(goal_cells - pose.xy, axis=1)
+            if distances.min() <= self.cfg.stop_distance_m:
                 return self._stop("goal_in_reach")
             if self._goal_worth_trying(pose.xy):
-                result = self.policy.act(sem, pose, self._approach_target(goal_cells, pose.xy))
+                result = self.policy.act(sem, pose, self._approach_target(goal_cells, distances))
                 if result.action is not None:
                     return result.action
                 if result.status == PolicyStatus.REACHED:
@@ -141,19 +142,20 @@ class Navigator:
                 self.waypoint = None
         return self._explore(obs)
 
-    def _approach_target(self, goal_cells: np.ndarray, xy: np.ndarray) -> np.ndarray:
-        """The mapped goal cell to walk to (metres): the nearest, unless it is one the agent already
-        walked to and left during this approach; it then keeps the current one. Nearest by straight
-        line is not nearest by path: from three neighbouring cells beside Mifflinburg's toilet the
-        nearest goal cells were approached from opposite sides, and re-picking the nearest sent the
-        agent round those cells for 300-470 of its 500 steps (3 nearest-frontier and 5 TrajRAG
-        episodes of the Gibson cross-validation). Otherwise the nearest is re-picked at every step,
-        so the approach is replanned as the object's near side comes into view."""
-        nearest = goal_cells[int(np.argmin(np.linalg.norm(goal_cells - xy, axis=1)))]
+    def _approach_target(self, goal_cells: np.ndarray, distances: np.ndarray) -> np.ndarray:
+        """The mapped goal cell to walk to (metres; ``distances``: the agent's to each cell): the
+        nearest, unless it is one the agent already walked to and left during this approach; it
+        then keeps the current one (mapped object cells are never cleared, so that is still a goal
+        cell). Nearest by straight line is not nearest by path: from three neighbouring cells
+        beside Mifflinburg's toilet the nearest goal cells were approached from opposite sides, and
+        re-picking the nearest sent the agent round those cells for 300-470 of its 500 steps (3
+        nearest-frontier and 5 TrajRAG episodes of the Gibson cross-validation). Otherwise the
+        nearest is re-picked at every step, so the approach is replanned as the object's near side
+        comes into view."""
+        nearest = goal_cells[int(np.argmin(distances))]
         current = self.goal_target
         if current is not None and not np.array_equal(nearest, current):
-            still_mapped = np.min(np.linalg.norm(goal_cells - current, axis=1)) < 1e-9
-            if still_mapped and tuple(nearest) in self.goal_targets_left:
+            if tuple(nearest) in self.goal_targets_left:
                 return current
             self.goal_targets_left.add(tuple(current))
         self.goal_target = nearest
