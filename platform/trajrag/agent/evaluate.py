@@ -286,7 +286,8 @@ class PairedComparison:
     d_spl: float
     d_spl_interval: tuple[float, float]
     folders: list[dict]
-    # world settings (WORLD_SECTIONS) on which the run and the baseline differ, per folder
+    # world settings (WORLD_SECTIONS) and run.json formats on which the run and the baseline differ,
+    # per folder (``world_differences``)
     warnings: list[str] = field(default_factory=list)
 
 

@@ -54,8 +54,9 @@ class EpisodeConfig:
     goal_categories: ObjectNav goal names. success_distance: metres from a goal object within
     which STOP succeeds (the goal region). success_tolerance_m: geodesic metres outside the region
     that still count (habitat's 0.1 m to the view points). max_steps: action budget per episode.
-    min_geodesic, max_geodesic: metres. geodesic_to_euclid_min_ratio, ratio_keep_scale, ratio_keep_offset: straight-line
-    filter. retries_per_episode: start draws per episode. min_island_radius: metres.
+    min_geodesic, max_geodesic: metres. geodesic_to_euclid_min_ratio, ratio_keep_scale,
+    ratio_keep_offset: straight-line filter. retries_per_episode: start draws per episode.
+    min_island_radius: metres.
     geodesic_neighbourhood_radius: cells (1: 8 neighbours, 2: 16, 3: 32). field_cache_size:
     goal fields kept in memory. seed: default generation seed (``generated:K`` specs without
     one, ``world/datasets.py``). require_action_path: keep only starts from which the discrete
