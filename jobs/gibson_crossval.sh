@@ -11,7 +11,8 @@
 # 2. Per fold k (configs/presets/gibson_foldK.yaml): a memory built from the 20 other scenes
 #    (OUT/Fk/M) and its encoder (OUT/Fk/E).
 # 3. Per fold and episode seed: both planners on the 5 held-out scenes x 10 episodes
-#    (OUT/Fk/O<seed>), then `trajrag compare` pools the 15 folders: 750 paired episodes.
+#    (OUT/Fk/O<seed>), then `trajrag compare` pools the 15 folders: 750 paired episodes, and draws
+#    the episodes TrajRAG lost and won against nearest frontier (OUT/pictures/LABEL-vs-frontier).
 #
 # Every step skips what an earlier run finished (evaluations resume episode by episode), so the
 # same command continues after an interruption. On 2 cores: about 90 minutes (decisions 40,
@@ -76,4 +77,5 @@ for seed in $SEEDS; do
 done
 
 folders=(); for seed in $SEEDS; do for k in 0 1 2 3 4; do folders+=("$OUT/F$k/O$seed"); done; done
-$T compare "${folders[@]}" --baseline frontier --runs "$LABEL" | tee "$OUT/compare-$LABEL.md"
+$T compare "${folders[@]}" --baseline frontier --runs "$LABEL" --pictures "$OUT/pictures" --scenes "$GIBSON" \
+  | tee "$OUT/compare-$LABEL.md"

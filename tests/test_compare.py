@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from trajrag.agent.evaluate import compare_runs
@@ -99,3 +100,67 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     (result,) = compare_runs(two_seeds, "frontier")
     assert result.warnings[0] == (f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs trajrag-eval-run/1 (frontier): "
                                   f"success scored differently")
+
+
+def write_walks(folder, label, walks, scene):
+    """Full episode records over a real ``scene``: {episode id: (success, spl, steps)}, each walk a
+    short straight track between two traversable cells of the scene, looking for its first category."""
+    (folder / label).mkdir(parents=True, exist_ok=True)
+    cells = np.argwhere(scene.traversable)
+    track = [list(scene.to_xy(cells[0])) + [0.0], list(scene.to_xy(cells[len(cells) // 2])) + [0.0]]
+    goal = scene.present_categories()[0]
+    lines = [json.dumps({"scene_key": scene.name, "episode_id": eid, "category": goal,
+                         "outcome": "success" if ok else "step_budget_exhausted", "poses": track,
+                         "metrics": {"success": ok, "spl": spl, "steps": steps}})
+             for eid, (ok, spl, steps) in walks.items()]
+    (folder / label / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def home():
+    from trajrag.world.datasets import load_scenes
+
+    return load_scenes("procedural:train:1")[0]
+
+
+@pytest.fixture
+def one_home_runs(tmp_path, home):
+    """One folder: trajrag loses episodes 0 and 1 (1 the worse) and wins 2; 3 both succeed."""
+    write_walks(tmp_path, "frontier", {"0": (True, 0.3, 80), "1": (True, 0.9, 40), "2": (False, 0.0, 500),
+                                       "3": (True, 0.5, 60)}, home)
+    write_walks(tmp_path, "trajrag", {"0": (False, 0.0, 500), "1": (False, 0.0, 500), "2": (True, 0.6, 90),
+                                      "3": (True, 0.7, 50)}, home)
+    return tmp_path
+
+
+def test_lost_and_won_episodes_come_worst_first(one_home_runs):
+    from trajrag.agent.evaluate import discordant_pairs
+
+    lost, won = discordant_pairs([one_home_runs], "frontier", "trajrag")
+    assert [p.run["episode_id"] for p in lost] == ["1", "0"]  # SPL lost: 0.9, then 0.3
+    assert [p.run["episode_id"] for p in won] == ["2"] and won[0].d_spl == pytest.approx(0.6)
+
+
+def test_pictures_draw_the_lost_and_won_episodes_with_an_index(one_home_runs, home, tmp_path, capsys):
+    """A researcher asks where a planner loses: --pictures draws those episodes, both walks."""
+    out = tmp_path / "pics"
+    assert main(["compare", str(one_home_runs), "--runs", "trajrag", "--pictures", str(out),
+                 "--scenes", "procedural:train:1", "--pictures-per-kind", "1", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    folder = out / "trajrag-vs-frontier"
+    assert printed["pictures"] == {"trajrag": str(folder / "index.md")}
+    assert sorted(p.name for p in folder.glob("*.png")) == ["lost-01.png", "won-01.png"]  # one of each kind
+    assert (folder / "lost-01.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    index = (folder / "index.md").read_text()
+    assert "2 lost (only frontier succeeded), 1 won" in index
+    assert "| [lost-01.png](lost-01.png) |" in index and "| 1 |" in index  # the worse loss, episode 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--pictures", "PICS"], "--pictures needs --scenes"),
+    (["--pictures", "PICS", "--scenes", "procedural:train:1-2"], "which --scenes procedural:train:1-2 does not hold"),
+])
+def test_pictures_without_the_right_scenes_say_so(one_home_runs, tmp_path, args, needle, capsys):
+    args = [str(tmp_path / "pics") if a == "PICS" else a for a in args]
+    assert main(["compare", str(one_home_runs), "--runs", "trajrag", *args]) == 2
+    assert needle in capsys.readouterr().err

@@ -375,18 +375,59 @@ def _fmt(value) -> str:
 def render_episode_png(scenes: Sequence[Scene], out_dir: Path, agents: Sequence[str], path: Path) -> Path | None:
     """A picture of the first recorded episode with every agent's walk over the scene (None if
     no agent has recorded it)."""
-    from trajrag.world.viz import render_scene_png
-
     records = {name: AgentRun(name, Path(out_dir) / name).finished() for name in agents}
     first = next((key for r in records.values() for key in r), None)
     if first is None:
         return None
     scene = next(s for s in scenes if s.name == first[0])
+    return _render_walks(scene, {name: recs[first] for name, recs in records.items() if first in recs}, path)
+
+
+def _render_walks(scene: Scene, records: dict[str, dict], path: Path, title: str = "") -> Path:
+    """``records`` (agent name -> one episode's record) drawn as walks over ``scene``, the goal outlined."""
+    from trajrag.world.viz import render_scene_png
+
     tracks = {}
-    for name, recs in records.items():
-        if first in recs:
-            rec = recs[first]
-            verdict = "success" if rec["metrics"]["success"] else rec["outcome"]
-            tracks[f"{name} ({verdict}, SPL {rec['metrics']['spl']:.2f})"] = [p[:2] for p in rec["poses"]]
-    category = next(iter(records[n][first] for n in records if first in records[n]))["category"]
-    return render_scene_png(scene, path, paths=tracks, title=f"{scene.name} episode {first[1]}: find {category}")
+    for name, rec in records.items():
+        m = rec["metrics"]
+        verdict = "success" if m["success"] else rec["outcome"]
+        tracks[f"{name} ({verdict}, SPL {m['spl']:.2f}, {m['steps']} steps)"] = [p[:2] for p in rec["poses"]]
+    first = next(iter(records.values()))
+    return render_scene_png(scene, path, paths=tracks, goal=first["category"],
+                            title=f"{title}{scene.name} episode {first['episode_id']}: find {first['category']}")
+
+
+@dataclass(frozen=True)
+class EpisodePair:
+    """One episode as walked by a run and by its baseline, in one evaluation folder (their records)."""
+
+    folder: Path
+    run: dict
+    baseline: dict
+
+    @property
+    def d_spl(self) -> float:
+        return float(self.run["metrics"]["spl"]) - float(self.baseline["metrics"]["spl"])
+
+
+def discordant_pairs(out_dirs: Sequence[Path], baseline: str, run: str) -> tuple[list[EpisodePair], list[EpisodePair]]:
+    """The episodes that one of ``run`` and ``baseline`` succeeded in and the other failed, over every
+    folder (paired within a folder, as ``compare_runs``): ``(lost, won)``, lost where the baseline
+    succeeded, each with the largest SPL difference first. Where a planner loses is seen in these."""
+    lost, won = [], []
+    for folder in map(Path, out_dirs):
+        bases = AgentRun(baseline, folder / baseline).finished()
+        mine = AgentRun(run, folder / run).finished()
+        for key in sorted(set(bases) & set(mine)):
+            pair = EpisodePair(folder, mine[key], bases[key])
+            succeeded = (bool(mine[key]["metrics"]["success"]), bool(bases[key]["metrics"]["success"]))
+            if succeeded == (False, True):
+                lost.append(pair)
+            elif succeeded == (True, False):
+                won.append(pair)
+    return sorted(lost, key=lambda p: p.d_spl), sorted(won, key=lambda p: -p.d_spl)
+
+
+def render_pair_png(scene: Scene, pair: EpisodePair, run: str, baseline: str, path: Path) -> Path:
+    """One episode of ``pair`` with both walks over ``scene`` and the goal outlined (PNG at ``path``)."""
+    return _render_walks(scene, {run: pair.run, baseline: pair.baseline}, path, title=f"{pair.folder}\n")

@@ -36,6 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "run found beside the baseline)")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--pictures", type=Path, default=None, metavar="DIR",
+                        help="also draw, per run, the episodes it lost against the baseline (the baseline "
+                        "succeeded, the run failed) and those it won, both walks over the scene with the goal "
+                        "outlined: DIR/<run>-vs-<baseline>/lost-NN.png, won-NN.png and index.md (needs --scenes)")
+    parser.add_argument("--scenes", default="", metavar="SCENES",
+                        help="the scenes the episodes ran in, as for trajrag eval (for --pictures; with folds "
+                        "of one Gibson file, the whole file: GIBSON/train_info.pbz2)")
+    parser.add_argument("--pictures-per-kind", type=int, default=6, metavar="N",
+                        help="lost and won episodes drawn per run, the largest SPL differences first (default: 6)")
     parser.set_defaults(func=compare_command)
 
 
@@ -43,12 +52,18 @@ def compare_command(args: argparse.Namespace) -> int:
     from trajrag.agent.evaluate import compare_runs
 
     runs = [r for r in args.runs.split(",") if r] or None
+    if args.pictures is not None and not args.scenes:
+        raise UserError("--pictures needs --scenes: the scenes the episodes ran in (as for trajrag eval)")
+    if args.pictures_per_kind < 1:
+        raise UserError(f"--pictures-per-kind must be at least 1, got {args.pictures_per_kind}")
     try:
         comparisons = compare_runs([Path(f) for f in args.folders], args.baseline, runs, args.resamples)
     except ValueError as error:
         raise UserError(str(error)) from error
+    pictures = _draw_pictures(args, [c.run for c in comparisons]) if args.pictures is not None else {}
     if args.json:
-        print(json.dumps({"baseline": args.baseline, "runs": [asdict(c) for c in comparisons]}, indent=2))
+        print(json.dumps({"baseline": args.baseline, "runs": [asdict(c) for c in comparisons],
+                          **({"pictures": pictures} if pictures else {})}, indent=2))
         return 0
     print(f"Paired differences vs {args.baseline}, pooled over {len(args.folders)} folder(s) "
           f"(95% bootstrap interval, {args.resamples} resamples):\n")
@@ -64,6 +79,42 @@ def compare_command(args: argparse.Namespace) -> int:
         for f in c.folders:
             print(f"  {f['folder']}: {f['episodes']} episodes, {100 * f['d_sr']:+.1f} / {100 * f['d_spl']:+.1f}")
     return 0
+
+
+def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
+    """Each run's lost and won episodes as pictures (``--pictures``); run -> its index.md."""
+    from trajrag.agent.evaluate import discordant_pairs, render_pair_png
+    from trajrag.world.datasets import DatasetError, load_scenes
+
+    try:
+        scenes = {s.name: s for s in load_scenes(args.scenes)}
+    except (DatasetError, OSError, ValueError) as error:
+        raise UserError(f"--scenes {args.scenes}: {error}") from error
+    folders = [Path(f) for f in args.folders]
+    index_paths = {}
+    for run in runs:
+        out = args.pictures / f"{run}-vs-{args.baseline}"
+        out.mkdir(parents=True, exist_ok=True)
+        lost, won = discordant_pairs(folders, args.baseline, run)
+        lines = [f"# {run} against {args.baseline}: episodes one succeeded in and the other failed", "",
+                 f"{len(lost)} lost (only {args.baseline} succeeded), {len(won)} won (only {run} succeeded); "
+                 f"the {args.pictures_per_kind} of each with the largest SPL difference are drawn.", "",
+                 "| picture | folder | episode | goal | d_spl | run steps | baseline steps |",
+                 "|---|---|---|---|---|---|---|"]
+        for kind, pairs in (("lost", lost), ("won", won)):
+            for n, pair in enumerate(pairs[: args.pictures_per_kind], start=1):
+                scene_key = pair.run["scene_key"]
+                if scene_key not in scenes:
+                    raise UserError(f"{pair.folder}: episode {pair.run['episode_id']} ran in {scene_key}, "
+                                    f"which --scenes {args.scenes} does not hold")
+                name = f"{kind}-{n:02d}.png"
+                render_pair_png(scenes[scene_key], pair, run, args.baseline, out / name)
+                lines.append(f"| [{name}]({name}) | {pair.folder} | {pair.run['episode_id']} | {pair.run['category']} "
+                             f"| {pair.d_spl:+.2f} | {pair.run['metrics']['steps']} | {pair.baseline['metrics']['steps']} |")
+        (out / "index.md").write_text("\n".join(lines) + "\n")
+        index_paths[run] = str(out / "index.md")
+        print(f"pictures: {out / 'index.md'} ({len(lost)} lost, {len(won)} won)", file=sys.stderr)
+    return index_paths
 
 
 def _points(d: float, interval: tuple[float, float]) -> str:

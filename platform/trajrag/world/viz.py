@@ -31,12 +31,14 @@ def scene_image(scene: Scene) -> np.ndarray:
 
 
 def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_rooms: bool = True,
-                     paths: dict[str, np.ndarray] | None = None, title: str | None = None) -> Path:
+                     paths: dict[str, np.ndarray] | None = None, title: str | None = None,
+                     goal: str | None = None) -> Path:
     """Write a top-down picture of ``scene`` to ``path`` (PNG) and return the path.
 
     Drawn with ``origin="lower"`` in metres (map frame), a legend of the categories present, and
     room names from ``scene.meta["rooms"]`` when there are any. ``paths`` maps a label to an
     (N, 2) map-frame track in metres (an agent's walk), drawn with its start and end marked.
+    ``goal``: a category whose objects are outlined in red (an episode's goal).
     """
     path = Path(path)
     h, w = scene.shape
@@ -49,6 +51,12 @@ def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_roo
             bx0, by0, bx1, by1 = room["bbox"]
             ax.text((bx0 + bx1) / 2, (by0 + by1) / 2, room["name"], ha="center", va="center",
                     fontsize=6, color="black", alpha=0.7)
+    if goal is not None and goal in scene.categories:
+        goal_cells = (scene.category_map == scene.category_id(goal)).astype(float)
+        if goal_cells.any():
+            xs = x0 + (np.arange(w) + 0.5) * scene.cell_size
+            ys = y0 + (np.arange(h) + 0.5) * scene.cell_size
+            ax.contour(xs, ys, goal_cells, levels=[0.5], colors="red", linewidths=1.2)
     lines = []
     for label, track in (paths or {}).items():
         track = np.asarray(track, dtype=float).reshape(-1, 2)
@@ -62,6 +70,6 @@ def render_scene_png(scene: Scene, path: str | Path, *, dpi: int = 110, show_roo
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)
     return path
