@@ -138,6 +138,22 @@ def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_pa
     assert result.metrics.steps < 100
 
 
+def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_train_path):
+    # Gibson Hanson's chair, seed 1 episode 8 (fold 1): the agent starts between a sofa and a wall;
+    # after the first look around the one reachable frontier lay 0.18 m away, where the camera
+    # cannot see. Chosen, reached and spent, then after each reset chosen again: three resets in
+    # two steps, and a STOP at step 15 with nine frontiers untried, 4 m from the chair.
+    overrides = ["gibson.held_out_scenes=[Hanson]"]
+    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
+    episode = next(e for e in load_episodes("generated:10:1", scenes) if e.episode_id.endswith(":8"))
+    sim_cfg = config.load("sim")
+    agent = make_frontier_agent(sim_cfg)
+    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    assert agent.stats.stop_reason != "no_frontier_left", f"stopped at step {result.metrics.steps}"
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
+    assert agent.blacklist_resets <= 1
+
+
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
     # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent
