@@ -80,8 +80,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=eval_command)
 
 
-def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[tuple[str, str, list[str]]]:
-    """(label, planner, overrides) for each requested run."""
+@dataclass(frozen=True)
+class EvalRun:
+    """One requested run: its label and planner, its variant's overrides, and every override it is
+    walked with (memory and model paths, then the variant's, then the command line's: the last
+    value of a key wins)."""
+
+    label: str
+    planner: str
+    variant_overrides: list[str]
+    overrides: list[str]
+
+
+def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[EvalRun]:
+    """Each requested run (planners x variants)."""
     from trajrag.agent.registry import AGENTS
 
     planners = [p for p in args.planner.split(",") if p]
@@ -92,11 +104,14 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[tupl
     missing = [v for v in names if v and v not in variants]
     if missing:
         raise UserError(f"unknown variant(s) {missing}; known (configs/eval.yaml): {sorted(variants)}")
+    paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
+            ([f"retrieval.model_dir={args.model}"] if args.model else [])
     runs = []
     for planner in planners:
         for variant in (names if planner in RETRIEVING_PLANNERS else [""]):
             label = args.label or (f"{planner}-{variant}" if variant else planner)
-            runs.append((label, planner, list(variants.get(variant, []))))
+            variant_overrides = list(variants.get(variant, []))
+            runs.append(EvalRun(label, planner, variant_overrides, [*paths, *variant_overrides, *args.overrides]))
     if args.label and len(runs) > 1:
         raise UserError("--label names one run: give one planner and at most one variant")
     return runs
@@ -120,11 +135,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     cfg: EvalConfig = config.load("eval", args.overrides)
     runs = _runs(args, cfg.variants)
-    paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
-            ([f"retrieval.model_dir={args.model}"] if args.model else [])
-    if any(p in RETRIEVING_PLANNERS for _, p, _ in runs) and not args.store:
+    if any(r.planner in RETRIEVING_PLANNERS for r in runs) and not args.store:
         raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
-    if args.audit_decisions and (_distributed(args) or any(p == "oracle" for _, p, _ in runs)):
+    if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
         raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
                         "drop the Ray options (--workers, --shard, --ray-address) and the oracle")
     out = Path(args.out)
@@ -132,26 +145,25 @@ def _evaluate(args: argparse.Namespace) -> int:
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
-    for note in claim_runs(out, {label: run_settings(planner, [*paths, *variant_overrides, *args.overrides])
-                                 for label, planner, variant_overrides in runs}):
+    for note in claim_runs(out, {r.label: run_settings(r.planner, r.overrides) for r in runs}):
         print(note, file=sys.stderr)
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
-    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r[0] for r in runs]} -> {out}", file=sys.stderr)
-    summaries = _eval_on_ray(args, runs, paths, scenes, episodes, out) if _distributed(args) else {}
+    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}", file=sys.stderr)
+    summaries = _eval_on_ray(args, runs, scenes, episodes, out) if _distributed(args) else {}
     audit = config.load("audit", args.overrides) if args.audit_decisions else None
-    for label, planner, variant_overrides in runs:
-        if label in summaries:  # done by the Ray job
+    for run in runs:
+        if run.label in summaries:  # done by the Ray job
             continue
-        overrides = [*paths, *variant_overrides, *args.overrides]
-        on_episode = _lifelong(label, planner, overrides, out) if args.lifelong else None
-        summary = evaluate_agent(label, lambda: make_agent(planner, sim_cfg, overrides), sim, episodes,
+        on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
+        summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim, episodes,
                                  scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode,
                                  audit=audit)
-        summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
+        summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
+        (label,) = summaries
         print(json.dumps({"label": label, "out": str(out), **summaries[label]}, default=str))
     else:
         print(json.dumps({"out": str(out), "runs": summaries}, default=str))
@@ -164,7 +176,7 @@ def _distributed(args: argparse.Namespace) -> bool:
     return bool(args.distributed or args.workers is not None or args.shard or args.ray_address)
 
 
-def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episodes, out: Path) -> dict:
+def _eval_on_ray(args: argparse.Namespace, runs: list[EvalRun], scenes, episodes, out: Path) -> dict:
     """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray."""
     from trajrag.distributed.evaluate import (SERVED_PLANNERS, evaluate_ray, load_job_config, parse_shard,
                                               pending_episodes, ray_for_eval)
@@ -177,25 +189,24 @@ def _eval_on_ray(args: argparse.Namespace, runs, paths: list[str], scenes, episo
     except ValueError as exc:
         raise UserError(str(exc)) from None
     cfg = load_job_config(args.overrides, args.workers)
-    pending = [planner for label, planner, _ in runs if pending_episodes(label, episodes, out, shard)]
+    pending = [r.planner for r in runs if pending_episodes(r.label, episodes, out, shard)]
     served = any(planner in SERVED_PLANNERS for planner in pending)
     summaries = {}
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
-        for label, planner, variant_overrides in runs:
-            overrides = [*paths, *variant_overrides, *args.overrides]
-            summary = evaluate_ray(label, planner, scenes, episodes, out, overrides, workers=args.workers,
-                                   shard=shard, progress=not args.json)
-            summaries[label] = {"planner": planner, "variant_overrides": variant_overrides, **summary}
+        for run in runs:
+            summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.overrides,
+                                   workers=args.workers, shard=shard, progress=not args.json)
+            summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     return summaries
 
 
-def _check_goals(episodes, runs, overrides) -> None:
+def _check_goals(episodes, runs: list[EvalRun], overrides) -> None:
     """Goal categories the mapping agents cannot look for (not in their open vocabulary) are a
     user error before anything runs, not a crash in the middle of an evaluation."""
     from trajrag import config
 
-    if all(planner == "oracle" for _, planner, _ in runs):
+    if all(r.planner == "oracle" for r in runs):
         return
     vocabulary = set(config.load("navigator", overrides).vocabulary)
     unknown = sorted({e.object_category for e in episodes} - vocabulary)
