@@ -109,8 +109,9 @@ def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
                                     f"which --scenes {args.scenes} does not hold")
                 name = f"{kind}-{n:02d}.png"
                 render_pair_png(scenes[scene_key], pair, run, args.baseline, out / name)
+                steps = pair.run["metrics"]["steps"], pair.baseline["metrics"]["steps"]
                 lines.append(f"| [{name}]({name}) | {pair.folder} | {pair.run['episode_id']} | {pair.run['category']} "
-                             f"| {pair.d_spl:+.2f} | {pair.run['metrics']['steps']} | {pair.baseline['metrics']['steps']} |")
+                             f"| {pair.d_spl:+.2f} | {steps[0]} | {steps[1]} |")
         (out / "index.md").write_text("\n".join(lines) + "\n")
         index_paths[run] = str(out / "index.md")
         print(f"pictures: {out / 'index.md'} ({len(lost)} lost, {len(won)} won)", file=sys.stderr)
