@@ -122,16 +122,22 @@ def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
 
 
+def walk_gibson_episode(gibson_train_path, scene: str, episodes: str, number: int):
+    """Nearest frontier walks episode ``gibson/<scene>/0:<number>`` of ``episodes`` at the default
+    resolution, as in the cross-validation: ``(agent, result)``."""
+    scenes = load_scenes(f"{gibson_train_path}@held_out", [f"gibson.held_out_scenes=[{scene}]"])
+    episode = next(e for e in load_episodes(episodes, scenes) if e.episode_id == f"gibson/{scene}/0:{number}")
+    sim_cfg = config.load("sim")
+    agent = make_frontier_agent(sim_cfg)
+    floor = next(s for s in scenes if s.name == episode.scene_key)
+    return agent, run_episode(GridSimulator(sim_cfg), agent, episode, floor)
+
+
 def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_path):
     # Gibson Mifflinburg's toilet, seed 0 episode 5 (fold 4 of the cross-validation): the nearest
     # mapped toilet cell flipped with every step between two whose free approach cells lay apart,
     # so the agent stepped, turned about, stepped back, for 460 of its 500 steps, 1.3 m from the goal.
-    overrides = ["gibson.held_out_scenes=[Mifflinburg]"]
-    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
-    episode = next(e for e in load_episodes("generated:10:0", scenes) if e.episode_id.endswith(":5"))
-    sim_cfg = config.load("sim")
-    agent = make_frontier_agent(sim_cfg)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    agent, result = walk_gibson_episode(gibson_train_path, "Mifflinburg", "generated:10:0", 5)
     moves = "".join("SFLR"[int(a)] for a in result.actions)
     assert moves.count("FLLLLLLF") <= 2, "the agent ping-pongs between two cells"
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
@@ -143,12 +149,7 @@ def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_tra
     # after the first look around the one reachable frontier lay 0.18 m away, where the camera
     # cannot see. Chosen, reached and spent, then after each reset chosen again: three resets in
     # two steps, and a STOP at step 15 with nine frontiers untried, 4 m from the chair.
-    overrides = ["gibson.held_out_scenes=[Hanson]"]
-    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
-    episode = next(e for e in load_episodes("generated:10:1", scenes) if e.episode_id.endswith(":8"))
-    sim_cfg = config.load("sim")
-    agent = make_frontier_agent(sim_cfg)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    agent, result = walk_gibson_episode(gibson_train_path, "Hanson", "generated:10:1", 8)
     assert agent.stats.stop_reason != "no_frontier_left", f"stopped at step {result.metrics.steps}"
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
     assert agent.blacklist_resets <= 1
