@@ -101,6 +101,13 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     assert result.warnings[0] == (f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs trajrag-eval-run/1 (frontier): "
                                   f"success scored differently")
 
+    # so is a baseline walked before run.json existed; two such runs pair without a word
+    (seed0 / "frontier" / "run.json").unlink()
+    (result,) = compare_runs([seed0], "frontier")
+    assert result.warnings[0].startswith(f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs no run.json")
+    (seed0 / "trajrag" / "run.json").unlink()
+    assert compare_runs([seed0], "frontier")[0].warnings == []
+
 
 def write_walks(folder, label, walks, scene):
     """Full episode records over a real ``scene``: {episode id: (success, spl, steps)}, each walk a

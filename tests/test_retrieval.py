@@ -477,12 +477,12 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     assert (out / "frontier" / "run.json").read_text() == "{not json"
     assert (out / "frontier" / "episodes.jsonl").read_text() == records
 
-    # records from before run.json are adopted under the settings of the call that finds them
+    # records from before run.json (scored inside the region only) are refused too, untouched
     (out / "frontier" / "run.json").unlink()
-    adopted = _eval("--planner", "frontier", "--out", str(out))
-    assert adopted.returncode == 0 and "adopted" in adopted.stderr
-    assert json.loads((out / "frontier" / "run.json").read_text())["overrides"].get(
-        "navigator.frontier_hysteresis_m") is None
+    legacy = _eval("--planner", "frontier", "--out", str(out))
+    assert legacy.returncode == 2 and "no run.json" in legacy.stderr and "--out" in legacy.stderr
+    assert not (out / "frontier" / "run.json").exists()
+    assert (out / "frontier" / "episodes.jsonl").read_text() == records
 
 
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():

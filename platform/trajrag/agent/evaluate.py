@@ -31,6 +31,8 @@ AUDIT_COLUMNS = ("decision_best_rate", "decision_score_rho")  # only when a run 
 # /2: success counts a STOP under episodes.success_tolerance_m (0.1 m, habitat's) outside the goal
 # region; /1 runs scored inside the region only, so their records neither resume nor pair with /2.
 RUN_SETTINGS_FORMAT = "trajrag-eval-run/2"
+# What records with no run.json were: walked before it existed, scored inside the region only.
+_LEGACY_FORMAT = "no run.json (before trajrag-eval-run/1)"
 # How a job runs, not what an episode does, so a resumed run may change them: configs/eval_job.yaml
 # (actors, batching, Serve) and configs/run.yaml (`trajrag run`'s sizes and workers; the memory and
 # model it builds are named by their paths, and run.json records settings, not a memory's content).
@@ -87,14 +89,15 @@ def run_settings(planner: str, overrides: Sequence[str]) -> dict:
     return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items()))}
 
 
-def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
+def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
     """Check each run label's settings (``run_settings``) against ``<out>/<label>/run.json`` and
     write the file where it is missing; nothing is written unless every run agrees.
 
     A resume with other settings would mix two configurations under one label, so it raises
-    ``RunSettingsError`` naming each difference. Records made before run.json existed are
-    adopted under the current settings; the returned notes say which."""
-    notes, unclaimed = [], []
+    ``RunSettingsError`` naming each difference. Records without a run.json were made before it
+    existed, and so before success counted habitat's tolerance (format ``/2``): they are refused
+    too, untouched."""
+    unclaimed = []
     for label, wanted in settings.items():
         run = AgentRun(label, Path(out_dir) / label)
         if run.settings_path.is_file():
@@ -110,7 +113,10 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
                                        f"same settings to resume")
             continue
         if run.finished():
-            notes.append(f"{run.directory}: records from before run.json, adopted with this call's settings")
+            raise RunSettingsError(f"{run.directory} holds {len(run.finished())} finished episodes with no run.json: "
+                                   f"an older trajrag's, scored inside the goal region only ({_LEGACY_FORMAT}); they "
+                                   f"would mix with episodes scored as {wanted['format']}: give another --label or "
+                                   f"--out (the records are untouched)")
         unclaimed.append((run, wanted))
     for run, wanted in unclaimed:
         run.directory.mkdir(parents=True, exist_ok=True)
@@ -118,7 +124,6 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> list[str]:
         temporary = run.settings_path.with_name(f"run.json.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(wanted, indent=2) + "\n")
         temporary.replace(run.settings_path)
-    return notes
 
 
 def _settings_diff(stored: dict, wanted: dict) -> str:
@@ -345,12 +350,15 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
 def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
     """``key: run's value vs baseline's`` for each world setting (``WORLD_SECTIONS``) on which the
     two runs' run.json in ``folder`` differ, and their format when it differs (success was scored
-    another way); none when either has no run.json (runs made before it)."""
+    another way; a run with no run.json counts as ``_LEGACY_FORMAT``); none when a run.json is
+    unreadable (``claim_runs`` names that one)."""
     stored = []
     for label in (run, baseline):
         path = AgentRun(label, folder / label).settings_path
         try:
             stored.append(json.loads(path.read_text()))
+        except FileNotFoundError:  # walked before run.json existed
+            stored.append({"format": _LEGACY_FORMAT})
         except (OSError, json.JSONDecodeError):
             return []
     formats = [s.get("format") for s in stored]

@@ -145,8 +145,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
-    for note in claim_runs(out, {r.label: run_settings(r.planner, r.overrides) for r in runs}):
-        print(note, file=sys.stderr)
+    claim_runs(out, {r.label: run_settings(r.planner, r.overrides) for r in runs})
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)

@@ -214,8 +214,7 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
     sim = GridSimulator(sim_cfg)
     say(f"[4/5] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
-    for note in claim_runs(out, {name: run_settings(name, overrides) for name in agents}):
-        say(note)
+    claim_runs(out, {name: run_settings(name, overrides) for name in agents})
     summaries = {}
     for name in agents:
         if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
