@@ -112,8 +112,9 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
                                        f"episodes would mix with these: give another --label or --out, or the "
                                        f"same settings to resume")
             continue
-        if run.finished():
-            raise RunSettingsError(f"{run.directory} holds {len(run.finished())} finished episodes with no run.json: "
+        finished = len(run.finished())
+        if finished:
+            raise RunSettingsError(f"{run.directory} holds {finished} finished episodes with no run.json: "
                                    f"an older trajrag's, scored inside the goal region only ({_LEGACY_FORMAT}); they "
                                    f"would mix with episodes scored as {wanted['format']}: give another --label or "
                                    f"--out (the records are untouched)")
@@ -320,15 +321,14 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
     """``compare_runs`` for one run: (success, spl) of baseline and run on each shared episode."""
     base_rows, run_rows, per_folder, warnings = [], [], [], []
     for folder in folders:
-        other = AgentRun(run, folder / run).finished()
-        shared = sorted(set(bases[folder]) & set(other))
-        base = np.array([_success_spl(bases[folder][k]) for k in shared]).reshape(-1, 2)
-        mine = np.array([_success_spl(other[k]) for k in shared]).reshape(-1, 2)
+        pairs = _paired_records(folder, run, bases[folder])
+        base = np.array([_success_spl(theirs) for _, theirs in pairs]).reshape(-1, 2)
+        mine = np.array([_success_spl(ours) for ours, _ in pairs]).reshape(-1, 2)
         base_rows.append(base)
         run_rows.append(mine)
-        if shared:
+        if pairs:
             d = (mine - base).mean(axis=0)
-            per_folder.append({"folder": str(folder), "episodes": len(shared), "d_sr": float(d[0]),
+            per_folder.append({"folder": str(folder), "episodes": len(pairs), "d_sr": float(d[0]),
                                "d_spl": float(d[1])})
             warnings += [f"{folder}: {difference}" for difference in world_differences(folder, run, baseline)]
     base, mine = np.vstack(base_rows), np.vstack(run_rows)
@@ -345,6 +345,13 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
                             d_sr=float(run_mean[0] - base_mean[0]), d_sr_interval=intervals[0],
                             d_spl=float(run_mean[1] - base_mean[1]), d_spl_interval=intervals[1],
                             folders=per_folder, warnings=warnings)
+
+
+def _paired_records(folder: Path, run: str, baseline_records: dict) -> list[tuple[dict, dict]]:
+    """(run's record, baseline's record) of each episode both finished in ``folder``, in key order
+    (``baseline_records``: the baseline's ``AgentRun.finished()`` there, read once for every run)."""
+    mine = AgentRun(run, folder / run).finished()
+    return [(mine[key], baseline_records[key]) for key in sorted(set(baseline_records) & set(mine))]
 
 
 def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
@@ -424,11 +431,9 @@ def discordant_pairs(out_dirs: Sequence[Path], baseline: str, run: str) -> tuple
     succeeded, each with the largest SPL difference first. Where a planner loses is seen in these."""
     lost, won = [], []
     for folder in map(Path, out_dirs):
-        bases = AgentRun(baseline, folder / baseline).finished()
-        mine = AgentRun(run, folder / run).finished()
-        for key in sorted(set(bases) & set(mine)):
-            pair = EpisodePair(folder, mine[key], bases[key])
-            succeeded = (bool(mine[key]["metrics"]["success"]), bool(bases[key]["metrics"]["success"]))
+        for ours, theirs in _paired_records(folder, run, AgentRun(baseline, folder / baseline).finished()):
+            pair = EpisodePair(folder, ours, theirs)
+            succeeded = (bool(ours["metrics"]["success"]), bool(theirs["metrics"]["success"]))
             if succeeded == (False, True):
                 lost.append(pair)
             elif succeeded == (True, False):
