@@ -20,6 +20,8 @@
 #   WORKERS  Ray actors per step (default 2)        SEEDS  episode seeds (default "0 1 2")
 #   GIBSON   the Gibson train_info.pbz2 (default ../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2)
 #   LABEL    the TrajRAG run's name (default trajrag)
+#   WALKS    corpus walks per training scene in each fold's memory (default 30); a copy of a smaller
+#            fold memory grows to this (the build skips the episodes it already holds)
 #   EXTRA    more `--set section.key=value` options for the TrajRAG runs only (a variant to compare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,7 @@ WORKERS=${WORKERS:-2}
 SEEDS=${SEEDS:-0 1 2}
 GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
 LABEL=${LABEL:-trajrag}
+WALKS=${WALKS:-30}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 T=.venv/bin/trajrag
 [ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
@@ -59,7 +62,7 @@ step "$V/V_P.json" value-fit $T value fit --decisions "$V/DP.npz,$V/DP2.npz,$V/D
 
 for k in 0 1 2 3 4; do
   F=$OUT/F$k
-  step "$F/M.done" "memory-F$k" bash -c "$T corpus build --scenes '$GIBSON@rest' --episodes-per-scene 30 \
+  step "$F/M.done" "memory-F$k" bash -c "$T corpus build --scenes '$GIBSON@rest' --episodes-per-scene $WALKS \
     --policy mix --store '$F/M' --workers $WORKERS --json --preset gibson_fold$k && touch '$F/M.done'"
   step "$F/E/encoder.json" "encoder-F$k" $T encoder train --store "$F/M" --out "$F/E" --workers "$WORKERS" \
     --preset "gibson_fold$k"
