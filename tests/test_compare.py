@@ -42,6 +42,18 @@ def test_pairs_inside_each_folder_and_pools_the_pairs(two_seeds):
     assert [(f["episodes"], round(f["d_spl"], 6)) for f in result.folders] == [(2, 0.35), (2, 0.0)]
 
 
+def test_the_interval_does_not_depend_on_the_order_of_the_folders(tmp_path):
+    rng = np.random.default_rng(0)
+    folders = [tmp_path / f"O{seed}" for seed in range(3)]
+    for folder in folders:
+        for label in ("frontier", "trajrag"):
+            write_run(folder, label, {str(i): (bool(spl), float(spl)) for i, spl in enumerate(rng.random(20))})
+    forward, backward = (compare_runs(order, "frontier")[0] for order in (folders, folders[::-1]))
+    assert forward.d_spl_interval == backward.d_spl_interval
+    assert forward.d_sr_interval == backward.d_sr_interval
+    assert [f["folder"] for f in backward.folders] == list(map(str, folders[::-1]))  # as given
+
+
 def test_cli_prints_json_and_a_table(two_seeds, capsys):
     assert main(["compare", *map(str, two_seeds), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -319,19 +319,21 @@ def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | 
 def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, resamples: int, seed: int,
                  missing_ok: bool) -> PairedComparison:
     """``compare_runs`` for one run: (success, spl) of baseline and run on each shared episode."""
-    base_rows, run_rows, per_folder, warnings = [], [], [], []
+    rows, per_folder, warnings = {}, [], []
     for folder in folders:
         pairs = _paired_records(folder, run, bases[folder])
         base = np.array([_success_spl(theirs) for _, theirs in pairs]).reshape(-1, 2)
         mine = np.array([_success_spl(ours) for ours, _ in pairs]).reshape(-1, 2)
-        base_rows.append(base)
-        run_rows.append(mine)
+        rows[folder] = (base, mine)
         if pairs:
             d = (mine - base).mean(axis=0)
             per_folder.append({"folder": str(folder), "episodes": len(pairs), "d_sr": float(d[0]),
                                "d_spl": float(d[1])})
             warnings += [f"{folder}: {difference}" for difference in world_differences(folder, run, baseline)]
-    base, mine = np.vstack(base_rows), np.vstack(run_rows)
+    # Pooled in path order, not argument order: the bootstrap draws index rows, so the same folders
+    # given in another order must stack the same way to give the same interval.
+    pooled = [rows[folder] for folder in sorted(rows, key=lambda f: str(f.resolve()))]
+    base, mine = (np.vstack([pair[i] for pair in pooled]) for i in (0, 1))
     if not len(base) and not missing_ok:
         raise ValueError(f"run {run!r} shares no finished episode with {baseline!r} in "
                          f"{', '.join(map(str, folders))}")
