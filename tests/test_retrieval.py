@@ -426,6 +426,30 @@ def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_pa
     inserted = after.count("chunks", "trajectory_id LIKE 'lifelong/%'")
     assert after.count("chunks") == before + inserted
     assert after.count("chunks", "trajectory_id LIKE 'lifelong/%' AND embedding IS NULL") == 0
+    settings = json.loads((out / "trajrag" / "run.json").read_text())
+    assert settings["lifelong"] and "chunks" not in settings["inputs"]["memory"]  # it grows by design
+    again = _eval("--planner", "trajrag", "--store", store, "--model", model_dir, "--out", str(out), "--lifelong")
+    assert again.returncode == 0 and (out / "trajrag" / "lifelong.csv").read_text().splitlines() == rows
+    assert MemoryStore(store, read_only=True).count("chunks") == before + inserted  # nothing walked twice
+
+
+def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memory, tmp_path):
+    source, model_dir = nav_memory
+    store = str(tmp_path / "memory")
+    shutil.copytree(source, store)
+    out = tmp_path / "eval"
+    args = ("--planner", "trajrag", "--store", store, "--model", model_dir, "--out", str(out))
+    first = _eval(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    memory = json.loads((out / "trajrag" / "run.json").read_text())["inputs"]["memory"]
+    assert memory["chunks"] > 0 and memory["groups"] > 0 and len(memory["encoder_versions"]) == 1
+    records = (out / "trajrag" / "episodes.jsonl").read_text()
+    # another run in lifelong mode grows the same memory
+    assert _eval(*args[:-1], str(tmp_path / "lifelong"), "--lifelong").returncode == 0
+    grown = _eval(*args)
+    assert grown.returncode == 2 and "Traceback" not in grown.stderr
+    assert f"inputs.memory.chunks: {memory['chunks']} -> " in grown.stderr
+    assert (out / "trajrag" / "episodes.jsonl").read_text() == records
 
 
 def test_eval_errors_are_one_line(nav_memory, tmp_path):
@@ -462,6 +486,12 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     unset = _eval("--planner", "frontier", "--out", str(out))
     assert unset.returncode == 2 and "0.5 -> (default)" in unset.stderr
 
+    # a run.json from before runs recorded their inputs resumes, and records them from then on
+    (out / "frontier" / "run.json").write_text(json.dumps({k: v for k, v in settings.items() if k != "inputs"}))
+    adopted = _eval("--planner", "frontier", "--out", str(out), "--set", "navigator.frontier_hysteresis_m=0.5")
+    assert adopted.returncode == 0 and (out / "frontier" / "episodes.jsonl").read_text() == records
+    assert json.loads((out / "frontier" / "run.json").read_text()) == settings
+
     # records scored by an older trajrag (run.json format /1: success only inside the goal region)
     # do not take records scored with habitat's 0.1 m tolerance
     older = {**settings, "format": "trajrag-eval-run/1"}
@@ -488,9 +518,10 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
     from trajrag.agent.evaluate import run_settings
 
-    settings = run_settings("trajrag", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
+    # (nearest frontier reads neither path, so nothing is opened to record its content)
+    settings = run_settings("frontier", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
                                         "run.workers=0", "scoring.w_value = 2"])
-    assert settings["planner"] == "trajrag"
+    assert settings["planner"] == "frontier" and settings["inputs"] == {}
     assert settings["overrides"] == {"retrieval.store": "s3://bucket/M", "scoring.w_value": "2"}
 
 
@@ -499,5 +530,5 @@ def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, mon
 
     (tmp_path / "M").mkdir()
     monkeypatch.chdir(tmp_path)
-    absolute = run_settings("trajrag", [f"retrieval.store={tmp_path / 'M'}"])
-    assert run_settings("trajrag", ["retrieval.store=M"]) == absolute
+    absolute = run_settings("frontier", [f"retrieval.store={tmp_path / 'M'}"])
+    assert run_settings("frontier", ["retrieval.store=M"]) == absolute

@@ -121,7 +121,7 @@ def preset_overrides(names: Sequence[str]) -> list[str]:
             raise ConfigError(f"{path}: {exc}") from None
         if not isinstance(tree, dict) or not all(isinstance(v, dict) for v in tree.values()):
             raise ConfigError(f"{path}: expected a mapping of section -> {{key: value}}")
-        own = [f"{key}={value}" for key, value in _dotted(tree)]
+        own = [f"{key}={value}" for key, value in dotted(tree)]
         for section in tree:
             try:
                 load(section, own)
@@ -131,12 +131,12 @@ def preset_overrides(names: Sequence[str]) -> list[str]:
     return overrides
 
 
-def _dotted(tree: dict, prefix: str = "") -> list[tuple[str, str]]:
+def dotted(tree: dict, prefix: str = "") -> list[tuple[str, str]]:
     """Leaves of a nested mapping as (dotted key, value in override syntax)."""
     leaves: list[tuple[str, str]] = []
     for key, value in tree.items():
         if isinstance(value, dict):
-            leaves += _dotted(value, f"{prefix}{key}.")
+            leaves += dotted(value, f"{prefix}{key}.")
         else:
             leaves.append((f"{prefix}{key}", json.dumps(value) if not isinstance(value, str) else value))
     return leaves

@@ -6,6 +6,7 @@ One process here; the platform issue fans the same episode loop out over Ray act
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -19,7 +20,9 @@ from tqdm import tqdm
 
 from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
+from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
+from trajrag import config
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize
@@ -35,7 +38,7 @@ RUN_SETTINGS_FORMAT = "trajrag-eval-run/2"
 _LEGACY_FORMAT = "no run.json (before trajrag-eval-run/1)"
 # How a job runs, not what an episode does, so a resumed run may change them: configs/eval_job.yaml
 # (actors, batching, Serve) and configs/run.yaml (`trajrag run`'s sizes and workers; the memory and
-# model it builds are named by their paths, and run.json records settings, not a memory's content).
+# model it builds are named by their paths; run.json records their content too, ``run_inputs``).
 JOB_SECTIONS = ("eval_job", "run")
 # The sections that make the world and the episodes, the same for every planner: two runs paired
 # episode by episode must agree on them (``compare_runs`` says where they do not).
@@ -76,27 +79,54 @@ class AgentRun:
         return self.directory / "run.json"
 
 
-def run_settings(planner: str, overrides: Sequence[str]) -> dict:
+def run_settings(planner: str, overrides: Sequence[str], lifelong: bool = False) -> dict:
     """What makes one run's episodes one run: the planner and every ``section.key=value``
     override it was given (memory and model paths included, as absolute paths when they exist
     here, so a resume from another folder agrees; the last value of a key wins), the job
-    sections left out."""
+    sections left out; lifelong mode; and what the paths held (``run_inputs``)."""
     settings: dict[str, str] = {}
     for item in overrides:
         key, _, value = (part.strip() for part in item.partition("="))
         if key.split(".")[0] not in JOB_SECTIONS:
             settings[key] = str(Path(value).resolve()) if value and Path(value).exists() else value
-    return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items()))}
+    return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items())),
+            **({"lifelong": True} if lifelong else {}), "inputs": run_inputs(planner, overrides, lifelong)}
+
+
+def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -> dict:
+    """What a run reads under its paths, by content: a memory rebuilt or grown, an encoder
+    trained again or a value fitted again at the same path makes other episodes. For planners
+    that retrieve, the memory's chunk and group counts and its chunks' encoder versions (the
+    counts left out in lifelong mode, where the run itself grows the memory); for planners that
+    score with a value model, the model file's SHA-256 (first 16 hex digits)."""
+    inputs: dict = {}
+    store_uri = config.load("retrieval", overrides).store if planner in RETRIEVING_AGENTS else ""
+    if store_uri:
+        from trajrag.memory.store import MemoryStore
+
+        store = MemoryStore(store_uri, read_only=True)
+        try:
+            versions = store.read("chunks", ["encoder_version"]).column("encoder_version").to_pylist()
+            inputs["memory"] = {"encoder_versions": sorted({v for v in versions if v})}
+            if not lifelong:
+                inputs["memory"].update(chunks=store.count("chunks"), groups=store.count_groups())
+        finally:
+            store.close()
+    value_model = config.load("scoring", overrides).value_model if planner in VALUE_AGENTS else ""
+    if value_model:
+        inputs["value_model_sha256"] = hashlib.sha256(Path(value_model).read_bytes()).hexdigest()[:16]
+    return inputs
 
 
 def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
     """Check each run label's settings (``run_settings``) against ``<out>/<label>/run.json`` and
     write the file where it is missing; nothing is written unless every run agrees.
 
-    A resume with other settings would mix two configurations under one label, so it raises
-    ``RunSettingsError`` naming each difference. Records without a run.json were made before it
-    existed, and so before success counted habitat's tolerance (format ``/2``): they are refused
-    too, untouched."""
+    A resume with other settings, or with other content under the same paths, would mix two
+    configurations under one label, so it raises ``RunSettingsError`` naming each difference. A
+    run.json written before runs recorded their inputs is checked on the rest and then records
+    them. Records without a run.json were made before it existed, and so before success counted
+    habitat's tolerance (format ``/2``): they are refused too, untouched."""
     unclaimed = []
     for label, wanted in settings.items():
         run = AgentRun(label, Path(out_dir) / label)
@@ -106,11 +136,16 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
             except json.JSONDecodeError as exc:
                 raise RunSettingsError(f"{run.settings_path}: not a run settings file ({exc}); its records are "
                                        f"untouched: fix or remove the file to resume") from None
+            before_inputs = "inputs" not in stored
+            if before_inputs:
+                stored = {**stored, "inputs": wanted["inputs"]}
             if stored != wanted:
                 raise RunSettingsError(f"{run.directory} was run with other settings "
                                        f"({_settings_diff(stored, wanted)}); its {len(run.finished())} finished "
                                        f"episodes would mix with these: give another --label or --out, or the "
                                        f"same settings to resume")
+            if before_inputs:
+                unclaimed.append((run, wanted))
             continue
         finished = len(run.finished())
         if finished:
@@ -128,16 +163,21 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
 
 
 def _settings_diff(stored: dict, wanted: dict) -> str:
-    """``key: stored -> wanted`` for each difference (``(default)`` where a key was not set)."""
+    """``key: stored -> wanted`` for each difference (``(default)`` where a key was not set,
+    ``(not recorded)`` where an input was not)."""
     diffs = []
     if stored.get("format") != wanted["format"]:
         diffs.append(f"format: {stored.get('format')} -> {wanted['format']} (success scored differently, "
                      f"agent/evaluate.py RUN_SETTINGS_FORMAT)")
     if stored.get("planner") != wanted["planner"]:
         diffs.append(f"planner: {stored.get('planner')} -> {wanted['planner']}")
-    before, after = stored.get("overrides", {}), wanted["overrides"]
-    diffs += [f"{key}: {before.get(key, '(default)')} -> {after.get(key, '(default)')}"
-              for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    if stored.get("lifelong", False) != wanted.get("lifelong", False):
+        diffs.append(f"lifelong: {stored.get('lifelong', False)} -> {wanted.get('lifelong', False)}")
+    inputs = [dict(config.dotted(run.get("inputs", {}))) for run in (stored, wanted)]
+    for prefix, unset, before, after in (("", "(default)", stored.get("overrides", {}), wanted["overrides"]),
+                                         ("inputs.", "(not recorded)", *inputs)):
+        diffs += [f"{prefix}{key}: {before.get(key, unset)} -> {after.get(key, unset)}"
+                  for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
     return "; ".join(diffs)
 
 

@@ -21,6 +21,11 @@ AGENTS: dict[str, str] = {
     "llm": "trajrag.planners.llm:make_llm_agent",
 }
 
+# The agents that read a memory (retrieval.store and its encoder) and those that score frontiers
+# with a value model (scoring.value_model, when set).
+RETRIEVING_AGENTS = ("trajrag", "llm", "graphrag")
+VALUE_AGENTS = ("trajrag", "llm", "value")
+
 
 def make_agent(name: str, sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
     """A fresh agent called ``name``; ``KeyError`` listing the known names otherwise."""

@@ -3,8 +3,9 @@
 Each (planner, variant) is one *run* labelled ``planner`` or ``planner-variant`` (or ``--label``):
 its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips finished
 episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
-``--set`` values, memory and model) to ``<out>/<label>/run.json``: a resume with other settings is
-refused, so one label never mixes two configurations. ``<out>/results.md`` and ``results.csv``
+``--set`` values, memory and model, and what those held: ``agent.evaluate.run_inputs``) to
+``<out>/<label>/run.json``: a resume with other settings, or on a memory, encoder or value that
+changed under the same path, is refused, so one label never mixes two configurations. ``<out>/results.md`` and ``results.csv``
 tabulate every run found in ``<out>``, so ablations run one by one build one table.
 """
 
@@ -17,10 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajrag.agent.registry import RETRIEVING_AGENTS
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
-RETRIEVING_PLANNERS = ("trajrag", "llm", "graphrag")
 
 
 @dataclass
@@ -108,7 +109,7 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
             ([f"retrieval.model_dir={args.model}"] if args.model else [])
     runs = []
     for planner in planners:
-        for variant in (names if planner in RETRIEVING_PLANNERS else [""]):
+        for variant in (names if planner in RETRIEVING_AGENTS else [""]):
             label = args.label or (f"{planner}-{variant}" if variant else planner)
             variant_overrides = list(variants.get(variant, []))
             runs.append(EvalRun(label, planner, variant_overrides, [*paths, *variant_overrides, *args.overrides]))
@@ -135,7 +136,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     cfg: EvalConfig = config.load("eval", args.overrides)
     runs = _runs(args, cfg.variants)
-    if any(r.planner in RETRIEVING_PLANNERS for r in runs) and not args.store:
+    if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
         raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
         raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
@@ -145,7 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
-    claim_runs(out, {r.label: run_settings(r.planner, r.overrides) for r in runs})
+    claim_runs(out, {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs})
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
@@ -218,8 +219,8 @@ def _lifelong(label: str, planner: str, overrides: list[str], out: Path):
     from trajrag.planners.scoring import shared_retriever
     from trajrag.retrieval.lifelong import LifelongMemory
 
-    if planner not in RETRIEVING_PLANNERS:
-        raise UserError(f"--lifelong needs a retrieving planner ({', '.join(RETRIEVING_PLANNERS)}), got {planner}")
+    if planner not in RETRIEVING_AGENTS:
+        raise UserError(f"--lifelong needs a retrieving planner ({', '.join(RETRIEVING_AGENTS)}), got {planner}")
     return LifelongMemory(shared_retriever(overrides), label, out / label / "lifelong.csv", overrides)
 
 

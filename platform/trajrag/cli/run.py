@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.cli import add_override_arg
 
 
@@ -83,16 +84,16 @@ def run_command(args: argparse.Namespace) -> int:
     shared = [f"retrieval.store={store}", f"retrieval.model_dir={model}"]
     with pipeline_ray(cfg.workers):
         corpus = encoder = value_report = None
-        if any(a in ("trajrag", "llm", "graphrag", "value") for a in agents):
+        if any(a in (*RETRIEVING_AGENTS, *VALUE_AGENTS) for a in agents):
             start = time.perf_counter()
             corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
             seconds["corpus"] = time.perf_counter() - start
         grew = corpus is not None and corpus["collected"] > 0
-        if any(a in ("trajrag", "llm", "graphrag") for a in agents):
+        if any(a in RETRIEVING_AGENTS for a in agents):
             start = time.perf_counter()
             encoder = train_and_embed(cfg, store, model, overrides, say=say, corpus_grew=grew)
             seconds["encoder"] = time.perf_counter() - start
-        if any(a in ("trajrag", "llm", "value") for a in agents):  # the planners that score with it
+        if any(a in VALUE_AGENTS for a in agents):
             start = time.perf_counter()
             value_report = fit_value_stage(store, value, overrides, say=say, corpus_grew=grew)
             seconds["value"] = time.perf_counter() - start
