@@ -9,7 +9,8 @@
 #    fitted into OUT/value/V_P.json (+ its experience table). It never sees a Gibson scene, so one
 #    file serves every fold.
 # 2. Per fold k (configs/presets/gibson_foldK.yaml): a memory built from the 20 other scenes
-#    (OUT/Fk/M) and its encoder (OUT/Fk/E).
+#    (OUT/Fk/M), its encoder (OUT/Fk/E) and the encoder's embeddings written into the memory
+#    (with its held-out recall, OUT/Fk/E/eval.json).
 # 3. Per fold and episode seed: both planners on the 5 held-out scenes x 10 episodes
 #    (OUT/Fk/O<seed>), then `trajrag compare` pools the 15 folders: 750 paired episodes, and draws
 #    the episodes TrajRAG lost and won against nearest frontier (OUT/pictures/LABEL-vs-frontier).
@@ -66,6 +67,9 @@ for k in 0 1 2 3 4; do
     --policy mix --store '$F/M' --workers $WORKERS --json --preset gibson_fold$k && touch '$F/M.done'"
   step "$F/E/encoder.json" "encoder-F$k" $T encoder train --store "$F/M" --out "$F/E" --workers "$WORKERS" \
     --preset "gibson_fold$k"
+  # writes the trained embeddings into the memory's chunks (TrajRAG retrieves by them) and its recall
+  step "$F/E/eval.json" "encoder-eval-F$k" bash -c "$T encoder eval --store '$F/M' --model '$F/E' --json \
+    --preset gibson_fold$k > '$F/E/eval.json.tmp' && mv '$F/E/eval.json.tmp' '$F/E/eval.json'"
 done
 
 for seed in $SEEDS; do
