@@ -18,11 +18,11 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from trajrag import config
 from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
-from trajrag import config
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize

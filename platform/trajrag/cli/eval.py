@@ -5,8 +5,9 @@ its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips
 episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
 ``--set`` values, memory and model, and what those held: ``agent.evaluate.run_inputs``) to
 ``<out>/<label>/run.json``: a resume with other settings, or on a memory, encoder or value that
-changed under the same path, is refused, so one label never mixes two configurations. ``<out>/results.md`` and ``results.csv``
-tabulate every run found in ``<out>``, so ablations run one by one build one table.
+changed under the same path, is refused, so one label never mixes two configurations.
+``<out>/results.md`` and ``results.csv`` tabulate every run found in ``<out>``, so ablations run
+one by one build one table.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from trajrag.agent.registry import RETRIEVING_AGENTS
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
-
 
 
 @dataclass
