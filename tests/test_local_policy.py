@@ -254,3 +254,28 @@ def test_a_waypoint_whose_nearest_free_cell_is_a_sealed_pocket_is_approached_fro
     assert result.status == PolicyStatus.REACHED
     assert np.linalg.norm(sim.pose.xy - waypoint) <= policy.cfg.goal_snap_radius_m
     assert policy.reachable(sem, np.array([1.0, 2.5]), waypoint[None]).all(), "reachable() agrees with act()"
+
+
+def test_the_cheapest_reachable_target_is_the_one_with_the_shortest_way(policy):
+    # A room (rows 0-59, y < 3 m) seen whole, its far wall at row 60, unknown space beyond; a
+    # partition at x = 3 m from the bottom wall up to y = 2.5 m. The agent stands at (2, 1).
+    sem = SemanticMap.empty((100, 100), ("chair",), CELL, (0.0, 0.0))
+    sem.explored[:60] = True
+    sem.obstacle[60] = True
+    sem.obstacle[:50, 60] = True
+    xy = np.array([2.0, 1.0])
+    targets = np.zeros(sem.shape, dtype=bool)
+    # Straddling the far wall (an object against it): only the room's side can be reached.
+    targets[50:75, 30:50] = True
+    best = policy.cheapest_reachable(sem, xy, targets)
+    assert best is not None and best[1] < 3.0 - RADIUS, best
+    targets[:] = False
+    targets[66:75, 30:50] = True  # beyond the wall only
+    assert policy.cheapest_reachable(sem, xy, targets) is None
+    # Two patches 1.25 m away in a straight line: behind the partition (a 6 m walk round its
+    # end) and in the open; the open one is cheaper.
+    targets[:] = False
+    targets[15:25, 65:70] = True
+    targets[15:25, 10:15] = True
+    best = policy.cheapest_reachable(sem, xy, targets)
+    assert best is not None and best[0] < 1.0, best

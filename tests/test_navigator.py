@@ -144,6 +144,17 @@ def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_pa
     assert result.metrics.steps < 100
 
 
+def test_an_agent_walks_to_where_it_can_stop_by_the_goal_not_round_behind_it(gibson_train_path):
+    # Gibson Wainscott's TV, seed 0 episode 4 (fold 3): the TV stands on a cabinet against the
+    # outer wall and was mapped at step 176, 2 m from the agent. Walking to the nearest TV cell
+    # planned to the free cell nearest it, on the unseen far side through the wall, so the agent
+    # walked round through unknown space, 16 m away at step 500. Now it walks to the cheapest
+    # seen place within STOP distance of the TV.
+    agent, result = walk_gibson_episode(gibson_train_path, "Wainscott", "generated:10:0", 4)
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason, result.metrics.distance_to_goal)
+    assert result.metrics.steps < 250
+
+
 def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_train_path):
     # Gibson Hanson's chair, seed 1 episode 8 (fold 1): the agent starts between a sofa and a wall;
     # after the first look around the one reachable frontier lay 0.18 m away, where the camera

@@ -340,6 +340,28 @@ class LocalPolicy:
             out[i] = self._snap_goal(sem_map, target, unreachable) is not None
         return out
 
+    def cheapest_reachable(self, sem_map: SemanticMap, xy: np.ndarray, targets: np.ndarray) -> np.ndarray | None:
+        """Map-frame metres of the cell of ``targets`` (bool, the map's shape) that the agent at
+        ``xy`` reaches at the lowest path cost on ``act``'s planning grid (unknown cells as ``act``
+        treats them), among those the agent may stand on; ``None`` if it reaches none of them."""
+        self._ensure_layers(sem_map)
+        blocked, raw, window = self._grids(sem_map, xy, xy)
+        r0, r1, c0, c1 = window
+        start = sem_map.to_cell(xy) - np.array([r0, c0])
+        if not (0 <= start[0] < r1 - r0 and 0 <= start[1] < c1 - c0):
+            return None
+        costs = self._step_costs(sem_map, blocked, raw, window)
+        costs[start[0], start[1]] = 1.0  # the agent's cell is always enterable
+        wanted = targets[r0:r1, c0:c1] & ~blocked[r0:r1, c0:c1]
+        if not wanted.any():
+            return None
+        to_go, _ = MCP_Geometric(costs, fully_connected=True).find_costs([tuple(start)])
+        to_go = np.where(wanted, to_go, np.inf)
+        best = np.unravel_index(int(np.argmin(to_go)), to_go.shape)
+        if not np.isfinite(to_go[best]):
+            return None
+        return sem_map.to_xy(np.array([[best[0] + r0, best[1] + c0]]))[0]
+
     def _needs_replan(self, sem_map: SemanticMap, xy: np.ndarray, blocked: np.ndarray) -> bool:
         if self._path is None or self._since_plan >= self.cfg.replan_every_steps:
             return True
@@ -358,11 +380,7 @@ class LocalPolicy:
         raw: np.ndarray,
         window: tuple[int, int, int, int],
     ) -> bool:
-        """A* from the agent to the (snapped) waypoint; False if there is no path.
-
-        Cells within ``clearance_margin_m`` beyond the inflation cost ``1 + clearance_cost``, so
-        the path keeps off walls where there is room (discrete 30 deg headings wander off it).
-        """
+        """A* from the agent to the (snapped) waypoint over ``_step_costs``; False if there is no path."""
         start = tuple(int(v) for v in sem_map.to_cell(xy))
         goal = self._snap_goal(sem_map, waypoint, blocked)
         self._since_plan = 0
@@ -371,9 +389,7 @@ class LocalPolicy:
             self._path = None
             return False
         r0, r1, c0, c1 = window
-        reach = (self.cfg.inflation_radius_m + self.cfg.clearance_margin_m) / sem_map.cell_size
-        near = dilate_disk(raw, reach)
-        costs = np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
+        costs = self._step_costs(sem_map, blocked, raw, window)
         path = astar(costs, (start[0] - r0, start[1] - c0), (goal[0] - r0, goal[1] - c0))
         if path is None:  # the nearest free cell may be a pocket cut off from the agent: snap again
             goal = self._snap_goal(sem_map, waypoint, blocked | ~self._component_of(blocked, start, window))
@@ -387,6 +403,16 @@ class LocalPolicy:
                 [(goal[0] - r0 - b0, goal[1] - c0 - d0)])
             self._field_origin = np.array([r0 + b0, c0 + d0])
         return self._path is not None
+
+    def _step_costs(self, sem_map: SemanticMap, blocked: np.ndarray, raw: np.ndarray,
+                    window: tuple[int, int, int, int]) -> np.ndarray:
+        """Per-cell step cost in the search window: ``inf`` where blocked, ``1 + clearance_cost``
+        within ``clearance_margin_m`` beyond the inflation, so paths keep off walls where there is
+        room (discrete 30 deg headings wander off a path), else 1."""
+        r0, r1, c0, c1 = window
+        reach = (self.cfg.inflation_radius_m + self.cfg.clearance_margin_m) / sem_map.cell_size
+        near = dilate_disk(raw, reach)
+        return np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
 
     @staticmethod
     def _component_of(blocked: np.ndarray, cell: tuple[int, int], window: tuple[int, int, int, int]) -> np.ndarray:
