@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
+import re
 import bz2
 
 import pytest
@@ -174,3 +176,192 @@ def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path,
     assert "no group 99999" in capsys.readouterr().err
     assert main(["corpus", "show", "--store", store, "--group", "biggest", "--out", str(picture)]) == 2
     assert "'largest' or 'mixed'" in capsys.readouterr().err
+
+
+# -- trajrag eval: the records, run.json and summaries it reads back --------------------------------
+EVAL = ["eval", "--scenes", "procedural:val:1", "--episodes", "generated:2", "--planner", "frontier", "--json",
+        "--set", "sim.width=320", "--set", "sim.height=240"]
+
+
+def _strict_json(text: str):
+    """JSON as a strict reader parses it: NaN and Infinity are refused."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _record(episode_id: str, **metrics) -> dict:
+    """An episode record as `trajrag eval` writes it (the keys a summary reads), ``metrics`` replaced."""
+    base = {"episode_id": episode_id, "scene_key": "home", "category": "chair", "success": True, "spl": 0.5,
+            "distance_to_goal": 0.0, "path_length": 4.0, "geodesic_distance": 2.0, "steps": 40, "collisions": 0,
+            "called_stop": True}
+    return {"scene_key": "home", "episode_id": episode_id, "metrics": {**base, **metrics}}
+
+
+def _without_spl(record: dict) -> dict:
+    return {**record, "metrics": {k: v for k, v in record["metrics"].items() if k != "spl"}}
+
+
+BAD_LINES = [
+    (b"{not json", "not JSON"),
+    (b"{}", "scene_key must be a string, got null"),
+    (b"123", "expected a JSON object, got 123"),
+    (b"null", "expected a JSON object, got null"),
+    (json.dumps(_without_spl(_record("1"))).encode(), "metrics lack spl"),
+    (json.dumps(_record("1", success="yes")).encode(), 'metrics.success must be true or false, got "yes"'),
+    (json.dumps(_record("1", spl=float("nan"))).encode(), "metrics.spl must be a number from 0 to 1, got NaN"),
+]
+
+
+@pytest.mark.parametrize("line,needle", BAD_LINES)
+def test_a_bad_record_in_the_middle_is_named_by_file_and_line(tmp_path, line, needle):
+    from trajrag.agent.evaluate import PAIRED_METRICS, AgentRun, RecordsError
+    from trajrag.distributed.evaluate import ShardedRun
+
+    path = tmp_path / "frontier" / "episodes.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b"\n".join([json.dumps(_record("0")).encode(), line, json.dumps(_record("2")).encode()]) + b"\n")
+    before = path.read_bytes()
+    # as eval reads them, as the Ray job does, and as compare does (success and SPL only)
+    for run, metrics in ((AgentRun("frontier", path.parent), {}), (ShardedRun("frontier", path.parent), {}),
+                         (AgentRun("frontier", path.parent), {"metrics": PAIRED_METRICS})):
+        with pytest.raises(RecordsError, match=re.escape(f"{path}:2: not an episode record: ")) as error:
+            run.finished(**metrics)
+        assert needle in str(error.value)
+    assert path.read_bytes() == before  # nothing re-run over it, nothing cut
+
+
+def test_a_torn_last_line_is_left_out_then_cut_before_the_next_append(tmp_path, capsys):
+    from trajrag.agent.evaluate import AgentRun, cut_torn_tail
+
+    path = tmp_path / "frontier" / "episodes.jsonl"
+    path.parent.mkdir()
+    whole = (json.dumps(_record("0")) + "\n").encode()
+    torn = json.dumps(_record("1")).encode()[:50]
+    path.write_bytes(whole + torn)
+    assert list(AgentRun("frontier", path.parent).finished()) == [("home", "0")]  # reading changes nothing
+    assert path.read_bytes() == whole + torn
+    cut_torn_tail(path)
+    assert path.read_bytes() == whole
+    assert f"warning: {path}: cut a torn last line (50 bytes" in capsys.readouterr().err
+    # a whole record whose newline the crash took is kept, and ended
+    path.write_bytes(whole + whole[:-1])
+    cut_torn_tail(path)
+    assert path.read_bytes() == whole + whole and not capsys.readouterr().err
+
+
+def test_eval_resume_cuts_a_torn_last_record_and_keeps_the_ones_before(tmp_path, capsys):
+    out = tmp_path / "eval"
+    argv = [*EVAL, "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    records = out / "frontier" / "episodes.jsonl"
+    first, second = records.read_bytes().splitlines(keepends=True)
+    torn = second[: len(second) // 2]
+    records.write_bytes(first + torn)  # killed while writing the second record
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert f"{records}: cut a torn last line ({len(torn)} bytes" in printed.err
+    assert _strict_json(printed.out)["episodes"] == 2
+    data = records.read_bytes()
+    assert data.startswith(first) and data.endswith(b"\n")
+    assert [json.loads(line)["episode_id"] for line in data.splitlines()] == [json.loads(r)["episode_id"]
+                                                                             for r in (first, second)]
+    assert main(argv) == 0 and records.read_bytes() == data  # resumed: nothing left to run
+    # a damaged line that is not the last is named, and nothing runs over it
+    records.write_bytes(first + b"{}\n" + data[len(first):])
+    assert main(argv) == 2
+    assert f"{records}:2: not an episode record" in capsys.readouterr().err
+    assert records.read_bytes() == first + b"{}\n" + data[len(first):]
+
+
+@pytest.mark.parametrize("stored", ["[1, 2]", '"str"', "null", '{"overrides": ["sim.width=320"]}',
+                                    '{"planner": "frontier", "inputs": []}', "{not json"])
+def test_a_run_json_of_another_shape_is_named_and_left_alone(tmp_path, stored):
+    from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
+
+    (tmp_path / "frontier").mkdir()
+    (tmp_path / "frontier" / "run.json").write_text(stored)
+    with pytest.raises(RunSettingsError, match="run.json: not a run settings file"):
+        claim_runs(tmp_path, {"frontier": run_settings("frontier", [])})
+    assert (tmp_path / "frontier" / "run.json").read_text() == stored
+
+
+def test_a_run_that_finished_no_episode_is_claimed_again(tmp_path, capsys):
+    """A failed eval (a bad path, a bad --set) leaves a run.json and no record: the corrected
+    command must not be told its 0 episodes would mix."""
+    from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
+
+    failed, fixed = (run_settings("frontier", [o]) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
+    claim_runs(tmp_path, {"frontier": failed})
+    claim_runs(tmp_path, {"frontier": fixed})
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == fixed
+    assert "finished no episode; claimed again" in capsys.readouterr().err
+    (tmp_path / "frontier" / "episodes.jsonl").write_text(json.dumps(_record("0")) + "\n")
+    with pytest.raises(RunSettingsError, match="its 1 finished episodes would mix"):
+        claim_runs(tmp_path, {"frontier": failed})
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--scenes", "procedural:vla:1"], "unknown split"),
+    (["--set", "sim.width=abc"], "sim.yaml"),
+    (["--shard", "3/2"], "need 0 <= I < N"),
+])
+def test_a_bad_eval_input_leaves_no_folder_behind(tmp_path, args, needle, capsys):
+    out = tmp_path / "eval"
+    assert main([*EVAL, "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_bad_value_model_is_named_before_the_run_is_claimed(tmp_path, capsys):
+    model = tmp_path / "value.json"
+    model.write_text('{"format": "something else"}')
+    out = tmp_path / "eval"
+    assert main([*EVAL, "--planner", "value", "--out", str(out), "--set", f"scoring.value_model={model}"]) == 2
+    assert str(model) in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_damaged_summary_of_another_run_is_named_and_left_out_of_the_table(tmp_path, capsys):
+    from trajrag.cli.eval import _all_runs
+
+    for label, text in (("frontier", '{"episodes": 2, "sr": 1.0}'), ("torn", '{"episodes": 2, "s'),
+                        ("listed", "[1, 2]")):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "summary.json").write_text(text)
+    assert _all_runs(tmp_path) == {"frontier": {"episodes": 2, "sr": 1.0}}
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'torn' / 'summary.json'}: not a run summary" in err
+    assert f"{tmp_path / 'listed' / 'summary.json'}: not a run summary (expected a JSON object, got list)" in err
+
+
+def test_summaries_are_strict_json_written_in_one_rename(tmp_path):
+    from trajrag.agent.evaluate import write_json
+    from trajrag.distributed.evaluate import records_summary
+
+    summary = records_summary([])  # the means over no episode are NaN
+    assert math.isnan(summary["sr"])
+    write_json(tmp_path / "summary.json", summary)
+    assert _strict_json((tmp_path / "summary.json").read_text())["sr"] is None
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+
+
+def test_planner_counters_report_the_llm_parse_failures():
+    from trajrag.agent.evaluate import planner_counters
+
+    llm = [{"planner_stats": {"fallbacks": 1, "parse_failures": n, "retrieval_ms": []}} for n in (2, 3)]
+    assert planner_counters(llm)["parse_failures"] == 5 and planner_counters(llm)["fallbacks"] == 2
+    assert planner_counters([{"planner_stats": {"fallbacks": 0}}])["parse_failures"] is None  # asks no LLM
+
+
+def test_pending_episodes_of_the_ray_job_name_a_bad_record(tmp_path):
+    from trajrag.agent.evaluate import RecordsError
+    from trajrag.distributed.evaluate import pending_episodes
+
+    (tmp_path / "frontier").mkdir()
+    (tmp_path / "frontier" / "episodes.shard-0-of-2.jsonl").write_text("null\n" + json.dumps(_record("0")) + "\n")
+    with pytest.raises(RecordsError, match=r"episodes.shard-0-of-2.jsonl:1: "):
+        pending_episodes("frontier", [], tmp_path)

@@ -183,3 +183,45 @@ def test_pictures_without_the_right_scenes_say_so(one_home_runs, tmp_path, args,
     args = [str(tmp_path / "pics") if a == "PICS" else a for a in args]
     assert main(["compare", str(one_home_runs), "--runs", "trajrag", *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_folder_with_only_the_baseline_is_named_with_the_runs_found(tmp_path, capsys):
+    write_run(tmp_path, "frontier", {"0": (True, 0.4)})
+    assert main(["compare", str(tmp_path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert f"no run to compare with the baseline 'frontier' in {tmp_path}" in err and "['frontier']" in err
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"scene_key": "home", "episode_id": "1", "metrics": {"success": "yes", "spl": 0.5}}',
+     'metrics.success must be true or false, got "yes"'),
+    ('{"scene_key": "home", "episode_id": "1", "metrics": {"success": true, "spl": NaN}}',
+     "metrics.spl must be a number from 0 to 1, got NaN"),
+    ('{"scene_key": "home", "episode_id": "1", "metrics": {"success": true}}', "metrics lack spl"),
+    ("123", "expected a JSON object, got 123"),
+])
+def test_a_bad_record_is_named_by_file_and_line(two_seeds, line, needle, capsys):
+    path = two_seeds[1] / "trajrag" / "episodes.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], line, *lines[1:]]) + "\n")
+    assert main(["compare", *map(str, two_seeds), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: not an episode record: {needle}" in err and "Traceback" not in err
+
+
+def test_help_shows_percent_signs_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "95% paired bootstrap intervals" in text and "%%" not in text
+
+
+def test_the_results_table_names_a_run_with_a_bad_record_instead_of_dropping_its_pairs(two_seeds, capsys):
+    from trajrag.agent.evaluate import write_results_table
+
+    seed0 = two_seeds[0]
+    path = seed0 / "trajrag" / "episodes.jsonl"
+    path.write_text("[]\n" + path.read_text())
+    table = write_results_table({"frontier": {"episodes": 2}, "trajrag": {"episodes": 2}}, seed0)
+    assert "| trajrag | 2 |" in table and "Paired differences" not in table  # the table, without pairs
+    assert f"{path}:1: not an episode record" in capsys.readouterr().err

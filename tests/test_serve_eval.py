@@ -233,3 +233,21 @@ def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
     records = [r for path in sorted((tmp_path / "sharded").glob("episodes.shard-*.jsonl")) for r in read_records(path)]
     assert_each_once(records, planned)
     assert json.loads((tmp_path / "sharded" / "summary.json").read_text())["episodes"] == 4
+
+
+def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_path, capsys):
+    """A job killed while the driver wrote a record: the resumed job cuts the fragment off (the next
+    record would run into it) and walks that episode again; the records before stay as they were."""
+    scenes = load_scenes("procedural:val:1", JOB)
+    episodes = load_episodes(EPISODES, scenes, JOB)
+    first = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, JOB, workers=1, progress=False)
+    assert first["evaluated"] == 2
+    path = tmp_path / "torn" / "episodes.jsonl"
+    whole, last = path.read_bytes().splitlines(keepends=True)
+    torn = last[: len(last) // 2]
+    path.write_bytes(whole + torn)
+    again = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, JOB, workers=1, progress=False)
+    assert again["evaluated"] == 1 and again["skipped_already_done"] == 1
+    assert f"{path}: cut a torn last line ({len(torn)} bytes" in capsys.readouterr().err
+    assert path.read_bytes().startswith(whole)
+    assert_each_once(read_records(path), {(e.scene_key, str(e.episode_id)) for e in episodes})

@@ -10,10 +10,11 @@ import hashlib
 import json
 import math
 import os
+import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -43,10 +44,23 @@ JOB_SECTIONS = ("eval_job", "run")
 # The sections that make the world and the episodes, the same for every planner: two runs paired
 # episode by episode must agree on them (``compare_runs`` says where they do not).
 WORLD_SECTIONS = ("sim", "episodes", "perception", "procedural", "gibson")
+# The metrics a summary reads from each record (all of ``EpisodeMetrics``); a paired comparison
+# reads only success and SPL, so records written by hand or by an older trajrag still pair.
+SUMMARY_METRICS = tuple(f.name for f in fields(EpisodeMetrics))
+PAIRED_METRICS = ("success", "spl")
+# What run.json's keys hold, where present (``run_settings``; older files lack some).
+_SETTINGS_TYPES = {"format": str, "planner": str, "overrides": dict, "inputs": dict, "lifelong": bool}
+_JSON_NAMES = {str: "a string", dict: "a JSON object", bool: "true or false"}
 
 
 class RunSettingsError(ValueError):
     """A run label asked to resume with settings other than those its records were made with."""
+
+
+class RecordsError(RunSettingsError):
+    """A line of a run's episode records that is no episode record, named ``file:line``. Its run
+    cannot resume (re-running the episode would put two records of it in one run), so it is a
+    ``RunSettingsError``: every command that reads runs reports it in one line."""
 
 
 @dataclass
@@ -60,23 +74,166 @@ class AgentRun:
     def records(self) -> Path:
         return self.directory / "episodes.jsonl"
 
-    def finished(self) -> dict[tuple[str, str], dict]:
-        """Records already written, keyed by (scene_key, episode_id); a torn last line is dropped."""
+    def finished(self, metrics: Sequence[str] = SUMMARY_METRICS) -> dict[tuple[str, str], dict]:
+        """Records already written, keyed by (scene_key, episode_id), each carrying ``metrics``
+        (``read_records``: a torn last line is left out, any other line that is not a record
+        raises ``RecordsError``)."""
         done: dict[tuple[str, str], dict] = {}
         # episodes.jsonl, and the episodes.shard-I-of-N.jsonl of sharded Ray jobs
-        lines = [line for path in sorted(self.directory.glob("episodes*.jsonl"))
-                 for line in path.read_text().splitlines()]
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash: that episode simply runs again
-            done[(record["scene_key"], record["episode_id"])] = record
+        for path in sorted(self.directory.glob("episodes*.jsonl")):
+            done.update(read_records(path, metrics))
         return done
 
     @property
     def settings_path(self) -> Path:
         return self.directory / "run.json"
+
+
+def read_records(path: Path, metrics: Sequence[str] = SUMMARY_METRICS) -> Iterator[tuple[tuple[str, str], dict]]:
+    """Each episode record of the JSONL file ``path`` with its key (scene_key, episode_id), checked
+    to carry ``metrics`` of the right types (``record_problem``). A last line with no newline that
+    is not JSON is a write a crash cut short: it is left out (``cut_torn_tail`` removes it before
+    the next append). Any other line that is not a record raises ``RecordsError`` naming
+    ``file:line``; blank lines hold nothing and are passed over."""
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:  # not JSON, or not UTF-8
+            if number == len(lines):  # after the last newline: torn, not damaged
+                continue
+            raise _bad_record(path, number, f"not JSON ({exc})") from None
+        problem = record_problem(record, metrics)
+        if problem:
+            raise _bad_record(path, number, problem)
+        yield (record["scene_key"], record["episode_id"]), record
+
+
+def _bad_record(path: Path, number: int, problem: str) -> RecordsError:
+    return RecordsError(f"{path}:{number}: not an episode record: {problem}; nothing was changed: fix or remove "
+                        f"that line to go on (a removed line's episode runs again on resume)")
+
+
+def record_problem(record, metrics: Sequence[str] = SUMMARY_METRICS) -> str:
+    """What makes ``record`` (parsed JSON) no episode record carrying ``metrics``; "" if it is one."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {_shown(record)}"
+    for key in ("scene_key", "episode_id"):
+        if not isinstance(record.get(key), str):
+            return f"{key} must be a string, got {_shown(record.get(key))}"
+    if not isinstance(record.get("metrics"), dict):
+        return f"metrics must be a JSON object, got {_shown(record.get('metrics'))}"
+    return metrics_problem(record["metrics"], metrics)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# What each metric must be: a check and its wording. A NaN fails every comparison, so SPL's too.
+_METRIC_CHECKS = {
+    "success": (lambda v: isinstance(v, bool), "true or false"),
+    "called_stop": (lambda v: isinstance(v, bool), "true or false"),
+    "spl": (lambda v: _is_number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+    "distance_to_goal": (lambda v: v is None or _is_number(v), "metres, or null where unreachable"),
+    "path_length": (_is_number, "metres"),
+    "geodesic_distance": (_is_number, "metres"),
+    "steps": (_is_count, "a count"),
+    "collisions": (_is_count, "a count"),
+    "episode_id": (lambda v: isinstance(v, str), "a string"),
+    "scene_key": (lambda v: isinstance(v, str), "a string"),
+    "category": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def metrics_problem(stored: dict, metrics: Sequence[str] = SUMMARY_METRICS) -> str:
+    """What makes a record's ``metrics`` object lack one of ``metrics`` or hold a metric of the
+    wrong type (``_METRIC_CHECKS``); "" if nothing does. Keys it does not know are left alone."""
+    missing = [key for key in metrics if key not in stored]
+    if missing:
+        return f"metrics lack {', '.join(missing)}"
+    for key, (check, wanted) in _METRIC_CHECKS.items():
+        if key in stored and not check(stored[key]):
+            return f"metrics.{key} must be {wanted}, got {_shown(stored[key])}"
+    return ""
+
+
+def _shown(value) -> str:
+    """``value`` as JSON, cut short: enough to recognise it in an error line."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def cut_torn_tail(path: Path) -> None:
+    """Before appending to the records file ``path``: a last line that a crash left without its
+    newline would run into the next record, so it is cut off when it is not JSON (a record half
+    written; its episode runs again), saying so on stderr, and ended when it is a whole record.
+    The lines before it stay byte for byte."""
+    if not path.is_file():
+        return
+    with path.open("r+b") as records:
+        data = records.read()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except ValueError:
+            records.truncate(start)
+            print(f"warning: {path}: cut a torn last line ({len(data) - start} bytes, a record cut short by a "
+                  f"crash); its episode runs again", file=sys.stderr)
+            return
+        records.write(b"\n")
+
+
+def json_safe(value):
+    """``value`` with each non-finite float (the mean over no episode, an unreachable distance) as
+    None, in nested dicts and lists too: JSON has no NaN or Infinity, and strict readers refuse them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def write_json(path: Path, data) -> None:
+    """``data`` as JSON at ``path`` (``json_safe``), in one rename: a crash or a reader never sees
+    half a file. The temporary file is this process's own: the shards of one job may write one
+    path at once."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(json_safe(data), indent=2, default=_json_default, allow_nan=False) + "\n")
+    os.replace(temporary, path)
+
+
+def read_run_settings(path: Path) -> dict:
+    """A run.json as ``run_settings`` wrote it. ``RunSettingsError`` names the file where it is
+    not one: not JSON, or JSON of another shape (``_SETTINGS_TYPES``)."""
+    try:
+        stored = json.loads(path.read_text())
+    except ValueError as exc:  # not JSON, or not UTF-8
+        problem = str(exc)
+    else:
+        problem = _settings_problem(stored)
+    if problem:
+        raise RunSettingsError(f"{path}: not a run settings file ({problem}); its records are untouched: fix or "
+                               f"remove the file to resume")
+    return stored
+
+
+def _settings_problem(stored) -> str:
+    if not isinstance(stored, dict):
+        return f"expected a JSON object, got {_shown(stored)}"
+    wrong = [f"{key} must be {_JSON_NAMES[kind]}, got {_shown(stored[key])}"
+             for key, kind in _SETTINGS_TYPES.items() if key in stored and not isinstance(stored[key], kind)]
+    return "; ".join(wrong)
 
 
 def run_settings(planner: str, overrides: Sequence[str], lifelong: bool = False) -> dict:
@@ -126,40 +283,40 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
     configurations under one label, so it raises ``RunSettingsError`` naming each difference. A
     run.json written before runs recorded their inputs is checked on the rest and then records
     them. Records without a run.json were made before it existed, and so before success counted
-    habitat's tolerance (format ``/2``): they are refused too, untouched."""
-    unclaimed = []
-    for label, wanted in settings.items():
-        run = AgentRun(label, Path(out_dir) / label)
-        if run.settings_path.is_file():
-            try:
-                stored = json.loads(run.settings_path.read_text())
-            except json.JSONDecodeError as exc:
-                raise RunSettingsError(f"{run.settings_path}: not a run settings file ({exc}); its records are "
-                                       f"untouched: fix or remove the file to resume") from None
-            before_inputs = "inputs" not in stored
-            if before_inputs:
-                stored = {**stored, "inputs": wanted["inputs"]}
-            if stored != wanted:
-                raise RunSettingsError(f"{run.directory} was run with other settings "
-                                       f"({_settings_diff(stored, wanted)}); its {len(run.finished())} finished "
-                                       f"episodes would mix with these: give another --label or --out, or the "
-                                       f"same settings to resume")
-            if before_inputs:
-                unclaimed.append((run, wanted))
-            continue
+    habitat's tolerance (format ``/2``): they are refused too, untouched. A label whose run
+    finished no episode (it failed before its first: a bad path, a bad value) is claimed again
+    with these settings, as there is nothing to mix; a run.json that is not one
+    (``read_run_settings``) is refused whatever the records."""
+    runs = [(AgentRun(label, Path(out_dir) / label), wanted) for label, wanted in settings.items()]
+    unclaimed = [(run, wanted) for run, wanted in runs if _to_claim(run, wanted)]
+    for run, wanted in unclaimed:
+        run.directory.mkdir(parents=True, exist_ok=True)
+        write_json(run.settings_path, wanted)
+
+
+def _to_claim(run: AgentRun, wanted: dict) -> bool:
+    """Whether ``run``'s run.json is to be written with ``wanted`` (``claim_runs``); raises
+    ``RunSettingsError`` where its records were made otherwise."""
+    if not run.settings_path.is_file():
         finished = len(run.finished())
         if finished:
             raise RunSettingsError(f"{run.directory} holds {finished} finished episodes with no run.json: "
                                    f"an older trajrag's, scored inside the goal region only ({_LEGACY_FORMAT}); they "
                                    f"would mix with episodes scored as {wanted['format']}: give another --label or "
                                    f"--out (the records are untouched)")
-        unclaimed.append((run, wanted))
-    for run, wanted in unclaimed:
-        run.directory.mkdir(parents=True, exist_ok=True)
-        # the shards of one job may write it at once: each its own file, then one atomic rename
-        temporary = run.settings_path.with_name(f"run.json.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(wanted, indent=2) + "\n")
-        temporary.replace(run.settings_path)
+        return True
+    stored = read_run_settings(run.settings_path)
+    before_inputs = "inputs" not in stored
+    if {**stored, "inputs": stored.get("inputs", wanted["inputs"])} == wanted:
+        return before_inputs
+    finished = len(run.finished())
+    if not finished:  # a run that failed before its first episode (a bad path, a bad --set): nothing to mix
+        print(f"note: {run.settings_path}: its run finished no episode; claimed again with these settings "
+              f"({_settings_diff(stored, wanted)})", file=sys.stderr)
+        return True
+    raise RunSettingsError(f"{run.directory} was run with other settings ({_settings_diff(stored, wanted)}); its "
+                           f"{finished} finished episodes would mix with these: give another --label or --out, or "
+                           f"the same settings to resume")
 
 
 def _settings_diff(stored: dict, wanted: dict) -> str:
@@ -197,6 +354,7 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     run = AgentRun(name, Path(out_dir) / name)
     run.directory.mkdir(parents=True, exist_ok=True)
     done = run.finished()
+    cut_torn_tail(run.records)
     by_name = {scene.name: scene for scene in scenes}
     todo = [e for e in episodes if (e.scene_key, str(e.episode_id)) not in done]
     agent = make_agent()
@@ -219,7 +377,7 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     if audit is not None:
         summary.update(decision_quality([done[key]["decisions"] for key in wanted if "decisions" in done[key]],
                                         audit.tolerance_m))
-    (run.directory / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    write_json(run.directory / "summary.json", summary)
     return summary
 
 
@@ -257,18 +415,29 @@ def _record(result: EpisodeResult, agent) -> dict:
 
 
 def planner_counters(records: Sequence[dict]) -> dict:
-    """``planner_calls`` and ``fallbacks`` (sums over episodes) and ``retrieval_ms_p50`` (median
-    over every decision; None for planners that do not retrieve)."""
+    """``planner_calls`` and ``fallbacks`` (sums over episodes), ``parse_failures`` (LLM answers
+    that were no usable choice, summed; None for planners that ask no LLM) and
+    ``retrieval_ms_p50`` (median over every decision; None for planners that do not retrieve)."""
     calls = sum(int(r.get("agent_stats", {}).get("planner_calls", 0)) for r in records)
     fallbacks = sum(int(r.get("planner_stats", {}).get("fallbacks", 0)) for r in records)
+    failures = [int(r["planner_stats"]["parse_failures"]) for r in records
+                if "parse_failures" in r.get("planner_stats", {})]
     timings = [t for r in records for t in r.get("planner_stats", {}).get("retrieval_ms", [])]
-    return {"planner_calls": calls, "fallbacks": fallbacks,
+    return {"planner_calls": calls, "fallbacks": fallbacks, "parse_failures": sum(failures) if failures else None,
             "retrieval_ms_p50": float(np.median(timings)) if timings else None}
 
 
 def _metrics(stored: dict) -> EpisodeMetrics:
-    dtg = stored["distance_to_goal"]
-    return EpisodeMetrics(**{**stored, "distance_to_goal": math.inf if dtg is None else dtg})
+    """A record's ``metrics`` as ``EpisodeMetrics`` (a null distance to goal read back as
+    unreachable); ``RecordsError`` names the episode where they are not all there, or not of
+    their types. Keys of newer records that it does not know are left out."""
+    problem = metrics_problem(stored) if isinstance(stored, dict) else f"expected a JSON object, got {_shown(stored)}"
+    if problem:
+        where = "/".join(str(stored.get(k)) for k in ("scene_key", "episode_id")) if isinstance(stored, dict) else "?"
+        raise RecordsError(f"episode record {where}: {problem}")
+    known = {key: stored[key] for key in SUMMARY_METRICS}
+    dtg = known["distance_to_goal"]
+    return EpisodeMetrics(**{**known, "distance_to_goal": math.inf if dtg is None else dtg})
 
 
 def _json_default(value):
@@ -303,6 +472,9 @@ def paired_differences(out_dir: Path, runs: Sequence[str], baseline: str, resamp
     try:
         comparisons = [c for c in compare_runs([Path(out_dir)], baseline, [r for r in runs if r != baseline],
                                                resamples, seed, missing_ok=True) if c.episodes]
+    except RecordsError as exc:  # another run's damaged records cost this table its pairs, not more
+        print(f"warning: no paired differences in {Path(out_dir) / 'results.md'}: {exc}", file=sys.stderr)
+        return ""
     except ValueError:  # with missing_ok, only a baseline without records
         return ""
     lines = [f"Paired differences vs {baseline} (same episodes; 95% bootstrap interval):", "",
@@ -348,11 +520,15 @@ def compare_runs(out_dirs: Sequence[Path], baseline: str, runs: Sequence[str] | 
     for folder in folders:
         if not folder.is_dir():
             raise ValueError(f"{folder}: no such evaluation folder (trajrag eval --out)")
-    bases = {folder: AgentRun(baseline, folder / baseline).finished() for folder in folders}
+    bases = {folder: AgentRun(baseline, folder / baseline).finished(PAIRED_METRICS) for folder in folders}
     if not any(bases.values()):
         raise ValueError(f"no records of the baseline {baseline!r} in {', '.join(map(str, folders))}")
     if runs is None:
-        runs = sorted({p.parent.name for f in folders for p in f.glob("*/episodes*.jsonl")} - {baseline})
+        found = sorted({p.parent.name for f in folders for p in f.glob("*/episodes*.jsonl")})
+        runs = [label for label in found if label != baseline]
+        if not runs:
+            raise ValueError(f"no run to compare with the baseline {baseline!r} in {', '.join(map(str, folders))}: "
+                             f"the runs with records there are {found}")
     return [_compare_one(run, baseline, folders, bases, resamples, seed, missing_ok) for run in runs]
 
 
@@ -392,7 +568,7 @@ def _compare_one(run: str, baseline: str, folders: Sequence[Path], bases: dict, 
 def _paired_records(folder: Path, run: str, baseline_records: dict) -> list[tuple[dict, dict]]:
     """(run's record, baseline's record) of each episode both finished in ``folder``, in key order
     (``baseline_records``: the baseline's ``AgentRun.finished()`` there, read once for every run)."""
-    mine = AgentRun(run, folder / run).finished()
+    mine = AgentRun(run, folder / run).finished(PAIRED_METRICS)
     return [(mine[key], baseline_records[key]) for key in sorted(set(baseline_records) & set(mine))]
 
 
@@ -400,15 +576,15 @@ def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
     """``key: run's value vs baseline's`` for each world setting (``WORLD_SECTIONS``) on which the
     two runs' run.json in ``folder`` differ, and their format when it differs (success was scored
     another way; a run with no run.json counts as ``_LEGACY_FORMAT``); none when a run.json is
-    unreadable (``claim_runs`` names that one)."""
+    unreadable or of another shape (``claim_runs`` names that one)."""
     stored = []
     for label in (run, baseline):
         path = AgentRun(label, folder / label).settings_path
         try:
-            stored.append(json.loads(path.read_text()))
+            stored.append(read_run_settings(path))
         except FileNotFoundError:  # walked before run.json existed
             stored.append({"format": _LEGACY_FORMAT})
-        except (OSError, json.JSONDecodeError):
+        except (OSError, RunSettingsError):
             return []
     formats = [s.get("format") for s in stored]
     mine, theirs = ({k: v for k, v in s.get("overrides", {}).items() if k.split(".")[0] in WORLD_SECTIONS}
@@ -473,7 +649,8 @@ def discordant_pairs(out_dirs: Sequence[Path], baseline: str, run: str) -> tuple
     succeeded, each with the largest SPL difference first. Where a planner loses is seen in these."""
     lost, won = [], []
     for folder in map(Path, out_dirs):
-        for ours, theirs in _paired_records(folder, run, AgentRun(baseline, folder / baseline).finished()):
+        baseline_records = AgentRun(baseline, folder / baseline).finished(PAIRED_METRICS)
+        for ours, theirs in _paired_records(folder, run, baseline_records):
             pair = EpisodePair(folder, ours, theirs)
             succeeded = (bool(ours["metrics"]["success"]), bool(theirs["metrics"]["success"]))
             if succeeded == (False, True):

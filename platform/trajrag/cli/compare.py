@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Pairs each run's episodes with the baseline's inside every folder (episode ids "
         "repeat across generated seeds, so never across folders), pools the pairs and prints, per run: "
         "episodes, sr, spl, the baseline's sr and spl, d_sr and d_spl (run - baseline, fractions) with "
-        "95%% paired bootstrap intervals, and each folder's own d_sr and d_spl. It warns where a run and the "
+        "95% paired bootstrap intervals, and each folder's own d_sr and d_spl. It warns where a run and the "
         "baseline were walked with other world settings (sim, episodes, perception, procedural, gibson; "
         "from their run.json).",
         epilog="example, a 5-fold x 3-seed Gibson cross-validation: trajrag compare runs/gibson/F*/O* "
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from trajrag.agent.evaluate import compare_runs
+    from trajrag.agent.evaluate import compare_runs, json_safe
 
     runs = [r for r in args.runs.split(",") if r] or None
     if args.pictures is not None and not args.scenes:
@@ -62,8 +62,8 @@ def compare_command(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from error
     pictures = _draw_pictures(args, [c.run for c in comparisons]) if args.pictures is not None else {}
     if args.json:
-        print(json.dumps({"baseline": args.baseline, "runs": [asdict(c) for c in comparisons],
-                          **({"pictures": pictures} if pictures else {})}, indent=2))
+        print(json.dumps(json_safe({"baseline": args.baseline, "runs": [asdict(c) for c in comparisons],
+                                    **({"pictures": pictures} if pictures else {})}), indent=2, allow_nan=False))
         return 0
     print(f"Paired differences vs {args.baseline}, pooled over {len(args.folders)} folder(s) "
           f"(95% bootstrap interval, {args.resamples} resamples):\n")

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajrag.agent.registry import RETRIEVING_AGENTS
+from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.cli import UserError, add_override_arg
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
@@ -129,30 +129,30 @@ def eval_command(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from trajrag import config
-    from trajrag.agent.evaluate import claim_runs, evaluate_agent, run_settings, write_results_table
+    from trajrag.agent.evaluate import claim_runs, evaluate_agent, json_safe, run_settings, write_results_table
     from trajrag.agent.registry import make_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
     cfg: EvalConfig = config.load("eval", args.overrides)
     runs = _runs(args, cfg.variants)
-    if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
-        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
-    if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
-        raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
-                        "drop the Ray options (--workers, --shard, --ray-address) and the oracle")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_options(args, runs)
+    ray_job = _ray_job(args) if _distributed(args) else None
+    # Everything a user can get wrong is read before the runs are claimed and <out> is made: a
+    # typo leaves no folder behind and no run.json that the corrected command must argue with.
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
-    claim_runs(out, {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs})
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
-    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}", file=sys.stderr)
-    summaries = _eval_on_ray(args, runs, scenes, episodes, out) if _distributed(args) else {}
     audit = config.load("audit", args.overrides) if args.audit_decisions else None
+    _check_value_models(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    claim_runs(out, {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs})
+    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}", file=sys.stderr)
+    summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
     for run in runs:
         if run.label in summaries:  # done by the Ray job
             continue
@@ -164,22 +164,44 @@ def _evaluate(args: argparse.Namespace) -> int:
     table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
         (label,) = summaries
-        print(json.dumps({"label": label, "out": str(out), **summaries[label]}, default=str))
+        printed = {"label": label, "out": str(out), **summaries[label]}
     else:
-        print(json.dumps({"out": str(out), "runs": summaries}, default=str))
+        printed = {"out": str(out), "runs": summaries}
+    print(json.dumps(json_safe(printed), default=str, allow_nan=False))
     if not args.json:
         print(table, file=sys.stderr)
     return 0
+
+
+def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
+    """Options that do not go together, refused before anything is read."""
+    if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
+        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
+    if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
+        raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
+                        "drop the Ray options (--workers, --shard, --ray-address) and the oracle")
+
+
+def _check_value_models(runs: list[EvalRun]) -> None:
+    """Each run's frontier value model (``scoring.value_model``), read and checked against the
+    agent's vocabulary, as its agent will: a small JSON file, so a bad one is named before the
+    run is claimed rather than after (``ValueModelError``)."""
+    from trajrag import config
+    from trajrag.planners.frontier_value import FrontierValueModel
+
+    for run in runs:
+        path = config.load("scoring", run.overrides).value_model if run.planner in VALUE_AGENTS else ""
+        if path:
+            FrontierValueModel.load(path).check_vocabulary(config.load("navigator", run.overrides).vocabulary)
 
 
 def _distributed(args: argparse.Namespace) -> bool:
     return bool(args.distributed or args.workers is not None or args.shard or args.ray_address)
 
 
-def _eval_on_ray(args: argparse.Namespace, runs: list[EvalRun], scenes, episodes, out: Path) -> dict:
-    """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray."""
-    from trajrag.distributed.evaluate import (SERVED_PLANNERS, evaluate_ray, load_job_config, parse_shard,
-                                              pending_episodes, ray_for_eval)
+def _ray_job(args: argparse.Namespace) -> tuple:
+    """The Ray job's ``(shard, job config)``, its options checked (before any run is claimed)."""
+    from trajrag.distributed.evaluate import load_job_config, parse_shard
 
     if args.lifelong:
         raise UserError("--lifelong inserts into the store as episodes finish, in one process: "
@@ -188,7 +210,16 @@ def _eval_on_ray(args: argparse.Namespace, runs: list[EvalRun], scenes, episodes
         shard = parse_shard(args.shard)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    cfg = load_job_config(args.overrides, args.workers)
+    return shard, load_job_config(args.overrides, args.workers)
+
+
+def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], scenes, episodes,
+                 out: Path) -> dict:
+    """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray
+    (``ray_job``: ``_ray_job``'s shard and job config)."""
+    from trajrag.distributed.evaluate import SERVED_PLANNERS, evaluate_ray, pending_episodes, ray_for_eval
+
+    shard, cfg = ray_job
     pending = [r.planner for r in runs if pending_episodes(r.label, episodes, out, shard)]
     served = any(planner in SERVED_PLANNERS for planner in pending)
     summaries = {}
@@ -225,8 +256,18 @@ def _lifelong(label: str, planner: str, overrides: list[str], out: Path):
 
 
 def _all_runs(out: Path) -> dict[str, dict]:
-    """Every run's summary.json under ``out`` (runs of earlier invocations included)."""
+    """Every run's summary.json under ``out`` (runs of earlier invocations included). One that is
+    not a summary is named on stderr and left out of the table: another run's damaged file must
+    not cost this run its table."""
     runs = {}
     for path in sorted(out.glob("*/summary.json")):
-        runs[path.parent.name] = json.loads(path.read_text())
+        try:
+            summary = json.loads(path.read_text())
+            problem = "" if isinstance(summary, dict) else f"expected a JSON object, got {type(summary).__name__}"
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            problem = str(exc)
+        if problem:
+            print(f"warning: {path}: not a run summary ({problem}); left out of {out / 'results.md'}", file=sys.stderr)
+            continue
+        runs[path.parent.name] = summary
     return runs

@@ -19,7 +19,8 @@ spread over a Ray cluster:
 * **Write.** The driver appends each record to the run's JSONL as it arrives (flushed per line):
   ``episodes.jsonl``, or ``episodes.shard-I-of-N.jsonl`` for a shard, so each file has exactly one
   writer. Resume reads every ``episodes*.jsonl`` of the run; a torn last line is dropped and
-  that episode runs again.
+  that episode runs again (cut off this job's file before it appends: ``cut_torn_tail``); a line
+  that is no record stops the job before anything runs, named ``file:line``.
 * **Exactly once.** Records are keyed by ``(scene_key, episode_id)``. An evaluator that dies is
   restarted by Ray (``evaluator_max_restarts``, then replaced); the episodes of its shards that
   did not come back go to the front of the queue, one per shard, for any evaluator. A record whose
@@ -48,7 +49,7 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
-from trajrag.agent.evaluate import AgentRun
+from trajrag.agent.evaluate import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
 from trajrag.distributed.corpus import FaultPlan
 from trajrag.distributed.shards import (
     ActorDown,
@@ -200,21 +201,13 @@ class ShardedRun(AgentRun):
         i, n = self.shard
         return self.directory / f"{stem}.shard-{i}-of-{n}{suffix}"
 
-    def finished(self) -> dict[tuple[str, str], dict]:
+    def finished(self, metrics: Sequence[str] = SUMMARY_METRICS) -> dict[tuple[str, str], dict]:
+        """``AgentRun.finished`` over every shard's file, the first record of a key kept."""
         done: dict[tuple[str, str], dict] = {}
         for path in sorted(self.directory.glob("episodes*.jsonl")):
-            for key, record in _OneFile(self.name, self.directory, path).finished().items():
+            for key, record in read_records(path, metrics):
                 done.setdefault(key, record)
         return done
-
-
-@dataclass
-class _OneFile(AgentRun):
-    path: Path = Path()
-
-    @property
-    def records(self) -> Path:
-        return self.path
 
 
 def parse_shard(spec: str | None) -> tuple[int, int] | None:
@@ -540,6 +533,7 @@ def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, overrides: list[
         made.append(actor)
         return actor
 
+    cut_torn_tail(run.records)
     try:
         with run.records.open("a") as sink, tqdm(total=len(todo), desc=f"eval {label} x{cfg.evaluators}",
                                                  unit="ep", disable=not progress, file=sys.stderr) as bar:
@@ -585,10 +579,10 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
                                    "replaced": s.replaced} for s in (pipe.slots if pipe else [])]},
         "faults": {k: counts[k] for k in ("evaluator_interruptions", "episodes_requeued", "duplicates_dropped")},
     })
-    _write_json(run.summary_path, summary)
+    write_json(run.summary_path, summary)
     if run.summary_path.name != "summary.json" and summary["complete"]:
-        _write_json(run.directory / "summary.json",
-                    {**records_summary([done[k] for k in sorted(set(keys))]), "planner": planner})
+        write_json(run.directory / "summary.json",
+                   {**records_summary([done[k] for k in sorted(set(keys))]), "planner": planner})
     return summary
 
 
@@ -600,11 +594,3 @@ def records_summary(records: Sequence[dict]) -> dict:
     summary = summarize([_metrics(r["metrics"]) for r in records])
     summary.update(planner_counters(records))
     return summary
-
-
-def _write_json(path: Path, data: dict) -> None:
-    from trajrag.agent.evaluate import _json_default
-
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
-    tmp.replace(path)
