@@ -74,6 +74,10 @@ def run_command(args: argparse.Namespace) -> int:
     from trajrag import config
 
     cfg: RunConfig = config.load("run", args.overrides)
+    try:  # run.overrides are overrides too: checked like --set, before any stage runs
+        config.check_overrides(cfg.overrides)
+    except config.ConfigError as exc:
+        raise config.ConfigError(f"run.overrides: {exc}") from None
     out = Path(args.out or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*cfg.overrides, *args.overrides]
