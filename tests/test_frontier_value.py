@@ -89,6 +89,18 @@ def test_a_saved_model_scores_the_same_and_a_damaged_one_is_named(tmp_path):
         model.check_vocabulary(["chair", *VOCABULARY])
 
 
+@pytest.mark.parametrize("field, value", [("scale", 0.0), ("scale", float("nan")), ("scale", float("inf")),
+                                          ("scale", -1.0), ("mean", float("nan")), ("mean", float("-inf"))])
+def test_a_model_whose_standardisation_would_make_every_score_nan_is_named(tmp_path, field, value):
+    path = tmp_path / "value.json"
+    _fit(_decisions(40, seed=2)).save(path)
+    payload = json.loads(path.read_text())
+    payload[field][3] = value
+    path.write_text(json.dumps(payload))  # json writes NaN / Infinity, and reads them back
+    with pytest.raises(ValueError, match=rf"value\.json: .*field '{field}'"):
+        FrontierValueModel.load(path)
+
+
 def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path):
     kept = _decisions(20, seed=4)
     kept[0].cost_m[1] = np.inf  # no known way to the goal survives the round trip

@@ -289,7 +289,22 @@ class FrontierValueModel:
         sizes = {len(model.mean), len(model.scale), len(model.weights)}
         if model.feature_names != expected or sizes != {len(expected)} or not np.isfinite(model.weights).all():
             raise ValueModelError(f"{path}: a corrupted frontier value model (features or weights do not fit its vocabulary)")
+        # Scores are (x - mean) / scale . weights: one NaN, infinity or zero scale makes every
+        # score NaN, and the planner's argmax then picks the first candidate whatever it sees.
+        if not np.isfinite(model.mean).all():
+            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'mean' holds a value "
+                                  f"that is not finite, feature {model.feature_names[_first_bad(np.isfinite(model.mean))]!r})")
+        good_scale = np.isfinite(model.scale) & (model.scale > 0)
+        if not good_scale.all():
+            bad = _first_bad(good_scale)
+            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'scale' must be finite and > 0, "
+                                  f"feature {model.feature_names[bad]!r} has {model.scale[bad]})")
         return model
+
+
+def _first_bad(ok: np.ndarray) -> int:
+    """Index of the first False in ``ok``."""
+    return int(np.flatnonzero(~ok)[0])
 
 
 def soft_target(cost_m: np.ndarray, temperature_m: float) -> np.ndarray:
