@@ -256,6 +256,31 @@ def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(t
         ScoringPlanner(None, config.load("scoring"), model)
 
 
+def test_a_model_copied_without_its_experience_or_with_a_damaged_one_is_one_line(tmp_path, capsys):
+    from trajrag.retrieval.experience import ExperienceError, ExperienceIndex, experience_path
+
+    vocabulary, goals = config.load("navigator").vocabulary, config.load("episodes").goal_categories
+    names = feature_names(vocabulary, goals)
+    path = tmp_path / "value.json"
+    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), np.zeros(len(names)),
+                       config.load("value"), {}).save(path)  # the file alone, as if copied without value.experience/
+    code = main(["eval", "--planner", "value", "--scenes", "procedural:val:1", "--episodes", "generated:1",
+                 "--out", str(tmp_path / "eval"), "--json", "--set", f"scoring.value_model={path}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's headline
+    assert code == 2 and err.startswith("trajrag eval: error: ") and "Traceback" not in err
+    assert f"{experience_path(path)}: no experience table beside" in err and not experience_path(path).exists()
+
+    model = _fit(_decisions(60, seed=0))
+    model.save(path)
+    save_experience(model, _decisions(60, seed=5), path)
+    for data in (experience_path(path) / "frontier_candidates.lance" / "data").glob("*.lance"):
+        data.write_bytes(data.read_bytes()[:100])  # truncated
+    for in_memory in (True, False):
+        with pytest.raises(ExperienceError, match=rf"value\.experience: the frontier experience table cannot be read"):
+            index = ExperienceIndex(experience_path(path), len(model.feature_names), k=4, in_memory=in_memory)
+            index.advantage(model.standardise(_decisions(1, seed=1)[0].features), "toilet")
+
+
 def test_experience_held_in_memory_finds_what_the_lancedb_query_finds(capsys):
     assert main(["bench", "experience", "--chunks", "3000", "--json", "--set", "experience_bench.decisions=20",
                  "--set", "experience_bench.warmup=2"]) == 0

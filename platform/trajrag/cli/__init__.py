@@ -33,11 +33,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
     from trajrag.agent.evaluate import RunSettingsError
     from trajrag.memory.store import StoreError
+    from trajrag.planners.chat import ChatError
     from trajrag.planners.frontier_value import ValueModelError
+    from trajrag.planners.llm import LLMPlannerError
+    from trajrag.retrieval.experience import ExperienceError
     from trajrag.world.datasets import DATA_ERRORS
 
     return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError,
-            *DATA_ERRORS)
+            ExperienceError, ChatError, LLMPlannerError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:
