@@ -295,9 +295,11 @@ class FrontierValueModel:
             raise ValueModelError(f"{path}: a corrupted frontier value model (features or weights do not fit its vocabulary)")
         # Scores are (x - mean) / scale . weights: one NaN, infinity or zero scale makes every
         # score NaN, and the planner's argmax then picks the first candidate whatever it sees.
-        if not np.isfinite(model.mean).all():
-            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'mean' holds a value "
-                                  f"that is not finite, feature {model.feature_names[_first_bad(np.isfinite(model.mean))]!r})")
+        finite_mean = np.isfinite(model.mean)
+        if not finite_mean.all():
+            bad = _first_bad(finite_mean)
+            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'mean' must be finite, "
+                                  f"feature {model.feature_names[bad]!r} has {model.mean[bad]})")
         good_scale = np.isfinite(model.scale) & (model.scale > 0)
         if not good_scale.all():
             bad = _first_bad(good_scale)
