@@ -8,6 +8,7 @@ import bz2
 
 import pytest
 
+from trajrag import config
 from trajrag.cli import main
 from trajrag.memory.store import MemoryStore
 
@@ -174,3 +175,23 @@ def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path,
     assert "no group 99999" in capsys.readouterr().err
     assert main(["corpus", "show", "--store", store, "--group", "biggest", "--out", str(picture)]) == 2
     assert "'largest' or 'mixed'" in capsys.readouterr().err
+
+
+def test_help_shows_defaults_and_what_each_bench_measures(capsys):
+    from trajrag.cli.bench import BENCHES
+
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        return capsys.readouterr().out
+
+    bench = help_of("bench")
+    assert {line.split()[0] for line in bench.splitlines() if line.startswith("  ") and not line.startswith("   ")} \
+        >= set(BENCHES)  # one entry per bench
+    bench = " ".join(bench.split())  # argparse wraps the options' help
+    assert "--quick: 100 steps" in bench and "read by the scale and experience benches only" in bench
+    build = " ".join(help_of("corpus", "build").split())
+    assert "default: mix" in build and "distributed/corpus.py); default: 0" in build
+    assert "no Ray); default: 0" in " ".join(help_of("value", "fit").split())
+    assert "purity" in help_of("corpus", "stats")
+    assert f"run.scenes = {config.load('run').scenes}" in " ".join(help_of("run").split())
