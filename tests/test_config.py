@@ -1,4 +1,5 @@
-"""Command-line overrides: every ``--set`` names a real section and key, or the command stops."""
+"""Configuration: every ``--set`` names a real section and key, or the command stops; the cluster
+file listens on loopback only."""
 
 from __future__ import annotations
 
@@ -54,3 +55,13 @@ def test_every_set_in_the_docs_jobs_and_tests_names_a_real_key():
     for key in sorted(keys):
         section = key.split(".")[0]
         config._check_key(config._defaults_tree(section), section, f"{key}=x")
+
+
+def test_the_ray_up_head_keeps_its_dashboard_on_loopback():
+    """Jobs reach it through ``ray dashboard``'s SSH tunnel (cluster/README.md); on 0.0.0.0 its job
+    API would run code for anyone who reaches the port."""
+    import yaml
+
+    cluster = yaml.safe_load((REPO / "cluster" / "ray-cluster.yaml").read_text())
+    head = " ".join(c for c in cluster["head_start_ray_commands"] if c.startswith("ray start"))
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
