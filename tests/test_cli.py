@@ -10,6 +10,7 @@ import bz2
 
 import pytest
 
+from trajrag import config
 from trajrag.cli import main
 from trajrag.memory.store import MemoryStore
 
@@ -365,3 +366,23 @@ def test_pending_episodes_of_the_ray_job_name_a_bad_record(tmp_path):
     (tmp_path / "frontier" / "episodes.shard-0-of-2.jsonl").write_text("null\n" + json.dumps(_record("0")) + "\n")
     with pytest.raises(RecordsError, match=r"episodes.shard-0-of-2.jsonl:1: "):
         pending_episodes("frontier", [], tmp_path)
+
+
+def test_help_shows_defaults_and_what_each_bench_measures(capsys):
+    from trajrag.cli.bench import BENCHES
+
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        return capsys.readouterr().out
+
+    bench = help_of("bench")
+    assert {line.split()[0] for line in bench.splitlines() if line.startswith("  ") and not line.startswith("   ")} \
+        >= set(BENCHES)  # one entry per bench
+    bench = " ".join(bench.split())  # argparse wraps the options' help
+    assert "--quick: 100 steps" in bench and "read by the scale and experience benches only" in bench
+    build = " ".join(help_of("corpus", "build").split())
+    assert "default: mix" in build and "distributed/corpus.py); default: 0" in build
+    assert "no Ray); default: 0" in " ".join(help_of("value", "fit").split())
+    assert "purity" in help_of("corpus", "stats")
+    assert f"run.scenes = {config.load('run').scenes}" in " ".join(help_of("run").split())

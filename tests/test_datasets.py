@@ -193,6 +193,20 @@ def test_start_on_a_wall_cell_and_unknown_scene_are_reported(tmp_path, by_name, 
     assert "gibson/Nowhere/0" in report.problems[1].message
 
 
+def test_a_start_on_another_floor_is_reported(tmp_path, by_name, scenes):
+    scene = by_name["gibson/Allensville/0"]
+    raw, _ = _release_episodes(scene, 3, np.random.default_rng(3))
+    raw[1]["start_position"][1] = scene.floor_height + 2.8  # the floor above, at a cell of this map
+    raw[2]["start_position"][1] = scene.floor_height + 0.6  # a step within this floor
+    _write_json_gz(tmp_path / "x.json.gz", {"episodes": raw})
+    report = validate_episodes(read_episodes(tmp_path), scenes)
+    assert [(p.episode_id, p.kind) for p in report.problems] == [("1", "other_floor")]
+    assert "+2.80 m from this map's floor" in report.problems[0].message
+    with pytest.raises(EpisodeError, match="episode 1 .*another floor"):
+        load_episodes(str(tmp_path), scenes)
+    assert validate_episodes(read_episodes(tmp_path), scenes, overrides=["episodes.start_floor_tolerance_m=3"]).ok
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda e: e.pop("start_position"), r"episode 4: missing field\(s\) \['start_position'\]"),
     (lambda e: e.update(start_rotation=[0.7071068, 0.7071068, 0, 0]), "episode 4: start_rotation.*not a rotation about the up axis"),

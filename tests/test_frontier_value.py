@@ -89,6 +89,18 @@ def test_a_saved_model_scores_the_same_and_a_damaged_one_is_named(tmp_path):
         model.check_vocabulary(["chair", *VOCABULARY])
 
 
+@pytest.mark.parametrize("field, value", [("scale", 0.0), ("scale", float("nan")), ("scale", float("inf")),
+                                          ("scale", -1.0), ("mean", float("nan")), ("mean", float("-inf"))])
+def test_a_model_whose_standardisation_would_make_every_score_nan_is_named(tmp_path, field, value):
+    path = tmp_path / "value.json"
+    _fit(_decisions(40, seed=2)).save(path)
+    payload = json.loads(path.read_text())
+    payload[field][3] = value
+    path.write_text(json.dumps(payload))  # json writes NaN / Infinity, and reads them back
+    with pytest.raises(ValueError, match=rf"value\.json: .*field '{field}'"):
+        FrontierValueModel.load(path)
+
+
 def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path):
     kept = _decisions(20, seed=4)
     kept[0].cost_m[1] = np.inf  # no known way to the goal survives the round trip
@@ -242,6 +254,31 @@ def test_retrieved_experience_penalises_candidates_like_those_that_fell_behind(t
     model.experience = None  # a model file without its table, while the experience weight is on
     with pytest.raises(ExperienceError, match="w_experience=0"):
         ScoringPlanner(None, config.load("scoring"), model)
+
+
+def test_a_model_copied_without_its_experience_or_with_a_damaged_one_is_one_line(tmp_path, capsys):
+    from trajrag.retrieval.experience import ExperienceError, ExperienceIndex, experience_path
+
+    vocabulary, goals = config.load("navigator").vocabulary, config.load("episodes").goal_categories
+    names = feature_names(vocabulary, goals)
+    path = tmp_path / "value.json"
+    FrontierValueModel(vocabulary, goals, names, np.zeros(len(names)), np.ones(len(names)), np.zeros(len(names)),
+                       config.load("value"), {}).save(path)  # the file alone, as if copied without value.experience/
+    code = main(["eval", "--planner", "value", "--scenes", "procedural:val:1", "--episodes", "generated:1",
+                 "--out", str(tmp_path / "eval"), "--json", "--set", f"scoring.value_model={path}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the run's headline
+    assert code == 2 and err.startswith("trajrag eval: error: ") and "Traceback" not in err
+    assert f"{experience_path(path)}: no experience table beside" in err and not experience_path(path).exists()
+
+    model = _fit(_decisions(60, seed=0))
+    model.save(path)
+    save_experience(model, _decisions(60, seed=5), path)
+    for data in (experience_path(path) / "frontier_candidates.lance" / "data").glob("*.lance"):
+        data.write_bytes(data.read_bytes()[:100])  # truncated
+    for in_memory in (True, False):
+        with pytest.raises(ExperienceError, match=rf"value\.experience: the frontier experience table cannot be read"):
+            index = ExperienceIndex(experience_path(path), len(model.feature_names), k=4, in_memory=in_memory)
+            index.advantage(model.standardise(_decisions(1, seed=1)[0].features), "toilet")
 
 
 def test_experience_held_in_memory_finds_what_the_lancedb_query_finds(capsys):

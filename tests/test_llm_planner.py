@@ -226,6 +226,35 @@ def test_chat_failures_fall_back_then_raise_when_they_persist():
         planner.choose(_context(3))
 
 
+def test_mostly_unusable_answers_still_fall_back_but_warn_once_on_stderr(capsys):
+    planner = LLMPlanner(FixedChatModel("I think option 2}}"), FakeFallback(choice=1),
+                         _planner_cfg(retries=0, unusable_warn_after=4, unusable_warn_share=0.5))
+    for _ in range(3):  # too few decisions to judge
+        assert planner.choose(_context(3)) == 1
+    assert capsys.readouterr().err == ""
+    for _ in range(10):
+        assert planner.choose(_context(3)) == 1  # the documented fallback, every time
+    err = capsys.readouterr().err
+    assert err.count("warning: LLM planner:") == 1
+    assert "4 of 4 decisions fell back to the fake planner" in err and "I think option 2" in err
+    # answers that parse keep a planner quiet
+    good = LLMPlanner(FixedChatModel('{"choice": 2}'), FakeFallback(choice=1), _planner_cfg(unusable_warn_after=1))
+    assert [good.choose(_context(3)) for _ in range(5)] == [2] * 5 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("error", [ChatError("chat server http://127.0.0.1:9/v1 unreachable"),
+                                   LLMPlannerError("LLM planner: 4 chat failures in a row")])
+def test_chat_and_llm_planner_errors_are_one_line_at_the_command_line(error, monkeypatch, capsys):
+    from trajrag.cli import episodes, main
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(episodes, "check_dataset", fail)
+    assert main(["episodes", "check", "--scenes", "procedural:val:1", "--episodes", "generated:1"]) == 2
+    assert capsys.readouterr().err == f"trajrag episodes: error: {error}\n"
+
+
 # -- the OpenAI-compatible HTTP client -------------------------------------------------------------------
 class _Handler(http.server.BaseHTTPRequestHandler):
     seen: list = []

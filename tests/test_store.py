@@ -286,6 +286,20 @@ def test_a_corrupted_table_gives_a_clear_error_and_the_previous_version_stays_re
     assert store.read(CHUNKS, ["trajectory_id"]).num_rows == n1
 
 
+def test_opening_a_mistyped_path_names_it_and_creates_nothing(tmp_path, capsys):
+    from trajrag.cli import main
+
+    missing = tmp_path / "nosuch"
+    for kwargs in ({"read_only": True}, {}):  # a reader, and a writer that cannot create (no embedding_dim)
+        with pytest.raises(StoreError, match=f"{missing}: no such folder"):
+            MemoryStore(str(missing), **kwargs)
+    for argv in (["corpus", "stats"], ["corpus", "show", "--out", str(tmp_path / "g.png")],
+                 ["encoder", "eval", "--model", str(tmp_path / "model")]):
+        assert main([*argv, "--store", str(missing)]) == 2
+        assert "no such folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_stored_chunk_reads_back_as_the_trajectory(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     traj = _trajs(homes, 1, 14, "rt")[0]

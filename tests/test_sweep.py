@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -83,3 +84,41 @@ def test_sweep_config_errors_name_the_bad_value():
     cfg = config.load("sweep", ["sweep.objective=reward"])
     with pytest.raises(UserError, match="objective"):
         check_config(cfg)
+
+
+# What a Ray worker does with W&B (a training worker, a sweep trial): a run stopped early, then
+# the worker's children killed (wandb-core among them: Ray kills a worker's child processes) and
+# the worker gone before interpreter exit, so wandb's atexit teardown never runs.
+WORKER = """
+import os, sys
+import psutil
+os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+from trajrag.ray_cluster import finish_wandb, import_wandb
+wandb = import_wandb(sys.argv[1])
+run = wandb.init(project="t", dir=sys.argv[1])
+try:
+    try:
+        run.log({"loss": 1.0})
+        raise SystemExit(0)  # what Tune raises in a trial ASHA stops
+    finally:
+        finish_wandb(run)
+finally:
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    os._exit(0)
+"""
+
+
+def test_a_killed_worker_leaves_no_wandb_service_folder_in_tmp(tmp_path):
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    _, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    assert list(tmp_path.glob("wandb/offline-run-*")), "no offline run written"
+    # wandb-core's socket folder is named after the Python process that started it
+    left = list(Path(tempfile.gettempdir()).glob(f"wandb-{worker.pid}-*"))
+    for folder in left:  # this test's own, even when it fails
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not left

@@ -11,10 +11,14 @@ the same dotted overrides, before any ``--set``, so a ``--set`` still wins.
 
 A section is registered in ``SECTIONS`` by name -> "module:DataclassName"; the YAML file is
 ``configs/<name>.yaml``.
+
+``load`` ignores the overrides of other sections, so the command line checks every override once
+(``check_overrides``): a typo would otherwise be dropped without a word, and recorded as if applied.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import os
@@ -22,7 +26,7 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 T = TypeVar("T")
@@ -98,7 +102,101 @@ def load(section: str, overrides: Sequence[str] = ()) -> Any:
         )
         return OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError) as exc:  # ValueError: a schema's own check (__post_init__)
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {_one_line(exc, section)}") from None
+
+
+def _one_line(exc: Exception, section: str) -> str:
+    """An OmegaConf error as one line: its first line and the dotted key it is about (OmegaConf
+    adds the key and the object type on lines of their own)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    key = getattr(exc, "full_key", None)
+    return f"{text} (key {section}.{key})" if key else text
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Check command-line overrides before anything runs: each is ``SECTION.KEY=VALUE`` with a
+    ``configs/SECTION.yaml``, a dotted ``KEY`` that file has, and a ``VALUE`` of the key's type.
+    ``ConfigError`` names the first bad override and the closest keys.
+
+    Under a free-form mapping (a ``dict`` field, e.g. ``eval.variants`` or ``sim.object_heights``)
+    any name is a key: ``--set eval.variants.mine=[...]`` adds an entry.
+    """
+    by_section: dict[str, list[str]] = {}
+    for override in overrides:
+        key, equals, _ = override.partition("=")
+        section, dot, rest = key.partition(".")
+        if not equals or not dot or not section or not rest:
+            raise ConfigError(f"override {override!r}: expected SECTION.KEY=VALUE, e.g. sim.width=160")
+        if section not in SECTIONS or not (config_dir() / f"{section}.yaml").is_file():
+            close = difflib.get_close_matches(section, sorted(SECTIONS), n=3)
+            hint = f"; did you mean {' or '.join(f'{c}.{rest}' for c in close)}?" if close else ""
+            raise ConfigError(f"override {override!r}: no config section {section!r} "
+                              f"(no {config_dir() / (section + '.yaml')}){hint}")
+        by_section.setdefault(section, []).append(override)
+    for section, own in by_section.items():
+        tree = _defaults_tree(section)
+        for override in own:
+            _check_key(tree, section, override)
+        try:
+            load(section, own)  # the values: types and the schema's own checks
+        except ConfigError as exc:
+            raise ConfigError(f"override {_culprit(section, own)}: {exc}") from None
+
+
+def _culprit(section: str, own: list[str]) -> str:
+    """The override of ``own`` that fails on its own (a schema check may need two together)."""
+    for override in own:
+        try:
+            load(section, [override])
+        except ConfigError:
+            return repr(override)
+    return " + ".join(map(repr, own))
+
+
+def _defaults_tree(section: str) -> DictConfig:
+    """``configs/<section>.yaml`` over its schema, unconverted (free-form mappings stay ``dict``)."""
+    path = config_dir() / f"{section}.yaml"
+    try:
+        return OmegaConf.merge(OmegaConf.structured(_schema(section)), OmegaConf.load(path))
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(f"{path}: {_one_line(exc, section)}") from None
+
+
+def _check_key(tree: DictConfig, section: str, override: str) -> None:
+    """``ConfigError`` unless the override's dotted key is in ``tree`` (or under a free-form mapping)."""
+    key = override.partition("=")[0]
+    node: Any = tree
+    for part in key.split(".")[1:]:
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+            return  # a free-form mapping (names -> values): any name is a key
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = _child(node, part)
+        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            close = difflib.get_close_matches(key, [f"{section}.{k}" for k in _dotted_keys(tree)], n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"override {override!r}: {config_dir() / (section + '.yaml')} has no key "
+                              f"{key!r}{hint}")
+
+
+def _child(node: DictConfig, name: Any) -> Any:
+    """``node[name]``; None for a value that cannot be read yet (missing, an interpolation)."""
+    try:
+        return node[name]
+    except OmegaConfBaseException:
+        return None
+
+
+def _dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every key of ``node``, nested ones dotted (mappings and their leaves)."""
+    keys = []
+    for name in node.keys():
+        child = _child(node, name)
+        keys.append(f"{prefix}{name}")
+        if isinstance(child, DictConfig):
+            keys += _dotted_keys(child, f"{prefix}{name}.")
+    return keys
 
 
 def presets_dir() -> Path:
@@ -122,11 +220,10 @@ def preset_overrides(names: Sequence[str]) -> list[str]:
         if not isinstance(tree, dict) or not all(isinstance(v, dict) for v in tree.values()):
             raise ConfigError(f"{path}: expected a mapping of section -> {{key: value}}")
         own = [f"{key}={value}" for key, value in dotted(tree)]
-        for section in tree:
-            try:
-                load(section, own)
-            except ConfigError as exc:
-                raise ConfigError(f"preset {name!r}: {exc}") from None
+        try:
+            check_overrides(own)
+        except ConfigError as exc:
+            raise ConfigError(f"preset {name!r} ({path}): {exc}") from None
         overrides += own
     return overrides
 

@@ -6,6 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet: bool = False) -> bool:
@@ -46,3 +47,24 @@ def import_wandb(folder: str | Path) -> ModuleType:
     finally:
         tempfile.tempdir = saved
     return wandb
+
+
+def finish_wandb(run: Any) -> None:
+    """Finish ``run`` (None: nothing to do), then stop this process's wandb service.
+
+    The service (a child process, wandb-core) keeps a socket folder, ``/tmp/wandb-<pid>-<pid>-<n>/``,
+    that it removes when it shuts down: at wandb's teardown, normally an ``atexit`` hook, or when
+    its parent exits. A Ray worker reaches neither: Ray ends it without interpreter exit and kills
+    its child processes with it, so every training run and every sweep trial would leave one in
+    /tmp. Call it from a ``finally``, so that a failed or stopped run cleans up too; a worker Ray
+    kills in the middle of its work (a Ray Train restart after another worker died) still leaves
+    its folder.
+    """
+    if run is None:
+        return
+    import wandb  # imported already (``import_wandb``): no new temporary folders
+
+    try:
+        run.finish()
+    finally:
+        wandb.teardown()

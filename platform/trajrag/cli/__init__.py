@@ -33,11 +33,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
     from trajrag.agent.evaluate import RunSettingsError
     from trajrag.memory.store import StoreError
+    from trajrag.planners.chat import ChatError
     from trajrag.planners.frontier_value import ValueModelError
+    from trajrag.planners.llm import LLMPlannerError
+    from trajrag.retrieval.experience import ExperienceError
     from trajrag.world.datasets import DATA_ERRORS
 
     return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError,
-            *DATA_ERRORS)
+            ExperienceError, ChatError, LLMPlannerError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +65,17 @@ def add_override_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_presets(args: argparse.Namespace) -> None:
-    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones."""
-    if getattr(args, "presets", None):
-        from trajrag.config import preset_overrides
+    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones, then check
+    every override (``config.check_overrides``: a section and key that exist, a value of its type).
+    A command only loads the sections it uses, so an unchecked typo would be ignored silently."""
+    if not hasattr(args, "overrides"):  # a command without --set / --preset
+        return
+    from trajrag.config import check_overrides, preset_overrides
 
+    if getattr(args, "presets", None):
         args.overrides = preset_overrides(args.presets) + args.overrides
         args.presets = []
+    check_overrides(args.overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,13 +24,43 @@ BENCHES: dict[str, str] = {
 }
 
 
+# The ``bench --help`` description: what each bench measures, and its full and --quick sizes
+# (the constants of its module, or the config keys named).
+DESCRIPTION = """\
+Run one benchmark and print its figures as one JSON object (never part of the timed
+tests).
+
+  sim         simulator steps/s at 640x480 and 160x120 on one core (1000 steps);
+              oracle SR/SPL on procedural and Gibson homes
+              (bench.oracle_*episodes_per_scene); --quick: 100 steps,
+              bench.quick_episodes_per_scene episodes per home
+  topo        navigator ms per step and topo-polar conversion (4 val homes x 2
+              episodes); --quick: 1 home x 1 episode
+  store       memory insert latency at 1k, 10k and 100k chunks (200 timed
+              inserts); --quick: 1k and 5k chunks, 50 inserts
+  mapping     per-step ms of the map stack on one core (500 steps);
+              --quick: 60 steps
+  encoder     Ray Train pairs/s with 1 and 2 workers (encoder.bench: trajectories,
+              epochs); --quick: 256 trajectories, 1 timed epoch
+  pipeline    corpus trajectories/s, evaluation episodes/h and Serve decision
+              latency (configs/pipeline_bench.yaml); --quick: its quick_* keys
+  scale       fine-stage ANN latency and recall@10 on a store of --chunks N chunks
+              (scale_bench.chunks); --quick: scale_bench.quick_chunks
+  experience  retrieved-experience lookup per decision on --chunks N past
+              candidates, in memory vs LanceDB (experience_bench.rows);
+              --quick: experience_bench.quick_rows
+"""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="run a benchmark and print one JSON object")
-    parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
+    parser = sub.add_parser("bench", help="run a benchmark and print one JSON object", description=DESCRIPTION,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark (see above)")
     parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
-    parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests")
+    parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests (sizes above)")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
-                        help="corpus size for benches that take one (scale); default from its config")
+                        help="corpus size, read by the scale and experience benches only (default: "
+                             "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick)")
     parser.add_argument("--workdir", default=None, metavar="DIR",
                         help="folder for the temporary stores of store, scale and experience "
                              "(default: the system temp folder; a tmpfs such as /dev/shm leaves "

@@ -32,18 +32,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--scenes", required=True, help=SCENES_HELP)
     build.add_argument("--episodes-per-scene", type=int, required=True, help="episodes generated per scene")
     build.add_argument("--policy", choices=("oracle", "explore", "mix"), default="mix",
-                       help="collector: oracle (shortest walks), explore (nearest frontier) or mix (corpus.oracle_fraction)")
+                       help="collector: oracle (shortest walks), explore (nearest frontier) or mix "
+                            "(corpus.oracle_fraction oracle walks); default: %(default)s")
     build.add_argument("--store", required=True, help="LanceDB URI (a folder, or an object-store URI)")
     build.add_argument("--seed", type=int, default=None, help="episode generation seed (default: episodes.seed)")
     build.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     build.add_argument("--workers", type=int, default=0,
-                       help="collector actors on Ray (0: one process, no Ray; see distributed/corpus.py)")
+                       help="collector actors on Ray (0: one process, no Ray; see distributed/corpus.py); "
+                            "default: %(default)s")
     build.add_argument("--ray-address", default=None,
                        help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
     add_override_arg(build)
     build.set_defaults(func=build_command)
 
-    stats = corpus_sub.add_parser("stats", help="counts, grouping quality and size of a memory")
+    stats = corpus_sub.add_parser(
+        "stats", help="counts, grouping quality and size of a memory",
+        description="Reads a memory (never writes it) and prints its chunk and group counts, the "
+                    "grouping decisions by kind, the grouping's quality against the scenes the chunks "
+                    "came from (purity: 1.0 when no group mixes homes; completeness: 1.0 when every "
+                    "home lies in one group; memory/stats.py), and bytes per chunk on disk. --ceiling "
+                    "adds the completeness a perfect matcher could reach.")
     stats.add_argument("--store", required=True, help="LanceDB URI")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--ceiling", action="store_true",

@@ -65,7 +65,7 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
     episodes = load_episodes(episode_spec, scenes, overrides, strict=False)
     if not episodes:
         raise UserError(f"no episodes in {episode_spec!r}")
-    validation = validate_episodes(episodes, scenes)
+    validation = validate_episodes(episodes, scenes, overrides=overrides)
     bad = {(p.scene_key, p.episode_id) for p in validation.problems}
     cfg = config.load("episodes", overrides)
     by_name = {scene.name: scene for scene in scenes}

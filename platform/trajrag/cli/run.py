@@ -61,19 +61,39 @@ def register(sub: argparse._SubParsersAction) -> None:
         "results table and pictures, offline. Sizes in configs/run.yaml; "
         "re-running resumes every stage.",
     )
-    parser.add_argument("--scenes", help="evaluation scene spec (default: run.scenes)")
-    parser.add_argument("--episodes", help="evaluation episode spec (default: run.episodes)")
-    parser.add_argument("--agents", help="comma-separated agent names (default: run.agents)")
-    parser.add_argument("--out", help="output folder (default: run.out)")
+    defaults = _defaults()
+    parser.add_argument("--scenes", help=f"evaluation scene spec (default: run.scenes{defaults['scenes']})")
+    parser.add_argument("--episodes", help=f"evaluation episode spec (default: run.episodes{defaults['episodes']})")
+    parser.add_argument("--agents", help=f"comma-separated agent names (default: run.agents{defaults['agents']})")
+    parser.add_argument("--out", help=f"output folder (default: run.out{defaults['out']})")
     parser.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
     add_override_arg(parser)
     parser.set_defaults(func=run_command)
+
+
+def _defaults() -> dict[str, str]:
+    """`` = VALUE`` of the run.* keys the options default to, for the help text (empty when
+    configs/run.yaml cannot be read: the command itself then says why)."""
+    from trajrag import config
+
+    keys = ("scenes", "episodes", "agents", "out")
+    try:
+        cfg: RunConfig = config.load("run")
+    except config.ConfigError:
+        return dict.fromkeys(keys, "")
+    values = {key: getattr(cfg, key) for key in keys}
+    values["agents"] = ",".join(values["agents"])
+    return {key: f" = {value}" for key, value in values.items()}
 
 
 def run_command(args: argparse.Namespace) -> int:
     from trajrag import config
 
     cfg: RunConfig = config.load("run", args.overrides)
+    try:  # run.overrides are overrides too: checked like --set, before any stage runs
+        config.check_overrides(cfg.overrides)
+    except config.ConfigError as exc:
+        raise config.ConfigError(f"run.overrides: {exc}") from None
     out = Path(args.out or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*cfg.overrides, *args.overrides]

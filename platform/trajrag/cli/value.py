@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
     fit.add_argument("--workers", type=int, default=0,
-                     help="walk the scenes as parallel Ray tasks on this many CPUs (0: one process, no Ray)")
+                     help="walk the scenes as parallel Ray tasks on this many CPUs (0: one process, no Ray); "
+                          "default: %(default)s")
     fit.add_argument("--ray-address", default=None,
                      help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
     fit.add_argument("--json", action="store_true", help="print one JSON object, no progress")

@@ -159,6 +159,7 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], b
 
     from trajrag import config
     from trajrag.agent.episode_runner import run_episode
+    from trajrag.ray_cluster import finish_wandb
     from trajrag.world.metrics import summarize
     from trajrag.world.sim import GridSimulator
 
@@ -170,19 +171,28 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], b
     by_name = {scene.name: scene for scene in scenes}
     wandb_run = _trial_wandb(params, wandb_project) if wandb_project else None
     metrics = []
-    for start in range(0, len(episodes), chunk_episodes):
-        for episode in episodes[start:start + chunk_episodes]:
-            result = run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=episode_cfg)
-            metrics.append(result.metrics)
-        s = summarize(metrics)
-        dtg = s["dtg_m"] if math.isfinite(s["dtg_m"]) else None
-        report = {"sr": s["sr"], "spl": s["spl"], "dtg_m": dtg, "episodes": len(metrics),
-                  "seconds": time.perf_counter() - started}
-        if wandb_run is not None:
-            wandb_run.log(report)
-        tune.report(report)
-    if wandb_run is not None:  # a trial ASHA stops early never gets here: its offline run stays as logged
-        wandb_run.finish()
+    # Tune stops a trial inside tune.report (SystemExit), ASHA's early stops and the last chunk
+    # alike, and Ray kills the process right after: the W&B run is finished and wandb's service
+    # stopped (ray_cluster.finish_wandb) before the last report, and in a finally for early stops
+    # (best effort: that finally races the kill).
+    chunks = range(0, len(episodes), chunk_episodes)
+    try:
+        for start in chunks:
+            for episode in episodes[start:start + chunk_episodes]:
+                result = run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=episode_cfg)
+                metrics.append(result.metrics)
+            s = summarize(metrics)
+            dtg = s["dtg_m"] if math.isfinite(s["dtg_m"]) else None
+            report = {"sr": s["sr"], "spl": s["spl"], "dtg_m": dtg, "episodes": len(metrics),
+                      "seconds": time.perf_counter() - started}
+            if wandb_run is not None:
+                wandb_run.log(report)
+                if start == chunks[-1]:
+                    finish_wandb(wandb_run)
+                    wandb_run = None
+            tune.report(report)
+    finally:
+        finish_wandb(wandb_run)
 
 
 # -- the driver -----------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from trajrag.encoder.data import (
     split_scenes,
     worker_batches,
 )
-from trajrag.ray_cluster import ensure_ray, import_wandb
+from trajrag.ray_cluster import ensure_ray, finish_wandb, import_wandb
 
 NODE_CACHE = "node_cache.safetensors"
 TRAIN_LOG = "train.json"
@@ -253,30 +253,31 @@ def train_loop_per_worker(config: dict) -> dict:
         state = _restore(checkpoint, model, opt)
         state["resumes"] = state["resumes"] + [state["epoch"]]
     run = _wandb_run(cfg, config, state["epoch"] if checkpoint else -1) if rank == 0 else None
-    for epoch in range(state["epoch"] + 1, cfg.train.epochs):
-        _maybe_fail(config.get("fault"), epoch, rank)
-        anchors, positives = sample_pairs(data.group, data.goal_code,
-                                          np.random.default_rng([cfg.train.seed, epoch]),
-                                          cfg.train.positive_fallback)
-        batches = worker_batches(anchors, positives, cfg.train.batch_size, rank, world)
-        start = time.perf_counter()
-        crop_rng = np.random.default_rng([cfg.train.seed, epoch, rank])
-        total, count = _epoch(model, opt, data, batches, cfg, rank, world, device, crop_rng)
-        seconds = time.perf_counter() - start
-        if world > 1:
-            # On the worker's device: NCCL (GPU workers) reduces device tensors only.
-            sums = torch.tensor([total, count], dtype=torch.float64, device=device)
-            dist.all_reduce(sums)
-            total, count = float(sums[0]), int(sums[1])
-        metrics = {"epoch": epoch, "loss": total / max(count, 1), "pairs": count,
-                   "seconds": seconds, "pairs_per_s": count / max(seconds, 1e-9),
-                   "workers": world, "resumed_from": state["resumes"][-1] if state["resumes"] else -1}
-        state = {"epoch": epoch, "history": state["history"] + [metrics], "resumes": state["resumes"]}
-        if run is not None:
-            run.log(metrics, step=epoch)
-        _report(metrics, state, model, opt, rank)
-    if run is not None:
-        run.finish()
+    try:  # a failed epoch (or Ray Train stopping the worker) still finishes the W&B run
+        for epoch in range(state["epoch"] + 1, cfg.train.epochs):
+            _maybe_fail(config.get("fault"), epoch, rank)
+            anchors, positives = sample_pairs(data.group, data.goal_code,
+                                              np.random.default_rng([cfg.train.seed, epoch]),
+                                              cfg.train.positive_fallback)
+            batches = worker_batches(anchors, positives, cfg.train.batch_size, rank, world)
+            start = time.perf_counter()
+            crop_rng = np.random.default_rng([cfg.train.seed, epoch, rank])
+            total, count = _epoch(model, opt, data, batches, cfg, rank, world, device, crop_rng)
+            seconds = time.perf_counter() - start
+            if world > 1:
+                # On the worker's device: NCCL (GPU workers) reduces device tensors only.
+                sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+                dist.all_reduce(sums)
+                total, count = float(sums[0]), int(sums[1])
+            metrics = {"epoch": epoch, "loss": total / max(count, 1), "pairs": count,
+                       "seconds": seconds, "pairs_per_s": count / max(seconds, 1e-9),
+                       "workers": world, "resumed_from": state["resumes"][-1] if state["resumes"] else -1}
+            state = {"epoch": epoch, "history": state["history"] + [metrics], "resumes": state["resumes"]}
+            if run is not None:
+                run.log(metrics, step=epoch)
+            _report(metrics, state, model, opt, rank)
+    finally:
+        finish_wandb(run)
     return {"history": state["history"], "resumes": state["resumes"]}
 
 

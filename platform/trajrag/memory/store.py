@@ -61,6 +61,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -235,7 +236,8 @@ class MemoryStore:
     """LanceDB tables of one TrajRAG memory at ``uri`` (open-or-create).
 
     ``embedding_dim`` is needed only to create a new store; an existing store keeps its own (a
-    mismatch raises ``StoreError``). ``read_only`` never creates tables and never repairs. A
+    mismatch raises ``StoreError``; without it, a local ``uri`` that is no folder is a
+    ``StoreError`` and nothing is created). ``read_only`` never creates tables and never repairs. A
     writer (the default) undoes a batch that a crash left half-written. A reader's reads see the
     newest version of each table (strong read consistency), so it follows the writer; the
     writer sees its own writes and, being the only writer, nothing else.
@@ -247,6 +249,10 @@ class MemoryStore:
 
         self.uri = str(uri)
         self.read_only = read_only
+        if (read_only or embedding_dim is None) and "://" not in self.uri and not Path(self.uri).is_dir():
+            # Only a store that exists can be opened here (creating one needs embedding_dim), and
+            # lancedb.connect makes the folder: a mistyped path would be left behind, empty.
+            raise StoreError(f"memory store {self.uri}: no such folder")
         try:
             # A reader checks for a newer version before every read, so it follows the writer.
             # The writer skips that check (~1 ms per table write): it is the only one writing,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -225,6 +225,8 @@ class FrontierValueModel:
     # The past candidates the model was fitted on, searchable (``retrieval.experience``; loaded
     # by ``load_value_model`` when the table exists beside the file, never saved in it).
     experience: Optional[ExperienceIndex] = None
+    # The file ``load`` read, for errors that name it (None when fitted in this process).
+    source: Optional[Path] = field(default=None, compare=False)
 
     def standardise(self, features: np.ndarray) -> np.ndarray:
         return (np.asarray(features, dtype=float) - self.mean) / self.scale
@@ -236,8 +238,10 @@ class FrontierValueModel:
     def require_experience(self) -> ExperienceIndex:
         """The experience table; ``ExperienceError`` saying what to do when there is none."""
         if self.experience is None:
-            raise ExperienceError("this frontier value model has no experience table beside it: fit it again with "
-                                  "`trajrag value fit`, or set scoring.w_experience=0")
+            where = (f"{experience_path(self.source)}: no experience table beside the frontier value model "
+                     f"{self.source} (`trajrag value fit` writes both: copy the folder with the file)"
+                     if self.source else "this frontier value model has no experience table beside it")
+            raise ExperienceError(f"{where}; fit it again with `trajrag value fit`, or set scoring.w_experience=0")
         return self.experience
 
     def experience_advantage(self, features: np.ndarray, goal: str) -> np.ndarray:
@@ -280,7 +284,7 @@ class FrontierValueModel:
                         feature_names=list(payload["feature_names"]), mean=np.asarray(payload["mean"], dtype=float),
                         scale=np.asarray(payload["scale"], dtype=float),
                         weights=np.asarray(payload["weights"], dtype=float), config=ValueConfig(**payload["config"]),
-                        report=dict(payload.get("report", {})))
+                        report=dict(payload.get("report", {})), source=path)
         except FileNotFoundError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -289,7 +293,24 @@ class FrontierValueModel:
         sizes = {len(model.mean), len(model.scale), len(model.weights)}
         if model.feature_names != expected or sizes != {len(expected)} or not np.isfinite(model.weights).all():
             raise ValueModelError(f"{path}: a corrupted frontier value model (features or weights do not fit its vocabulary)")
+        # Scores are (x - mean) / scale . weights: one NaN, infinity or zero scale makes every
+        # score NaN, and the planner's argmax then picks the first candidate whatever it sees.
+        finite_mean = np.isfinite(model.mean)
+        if not finite_mean.all():
+            bad = _first_bad(finite_mean)
+            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'mean' must be finite, "
+                                  f"feature {model.feature_names[bad]!r} has {model.mean[bad]})")
+        good_scale = np.isfinite(model.scale) & (model.scale > 0)
+        if not good_scale.all():
+            bad = _first_bad(good_scale)
+            raise ValueModelError(f"{path}: a corrupted frontier value model (field 'scale' must be finite and > 0, "
+                                  f"feature {model.feature_names[bad]!r} has {model.scale[bad]})")
         return model
+
+
+def _first_bad(ok: np.ndarray) -> int:
+    """Index of the first False in ``ok``."""
+    return int(np.flatnonzero(~ok)[0])
 
 
 def soft_target(cost_m: np.ndarray, temperature_m: float) -> np.ndarray:

@@ -20,7 +20,10 @@ One decision:
 
 A chat backend failure (server down, timeout) falls back for that decision; more than
 ``max_consecutive_chat_errors`` in a row raise ``LLMPlannerError`` rather than silently turning
-an LLM evaluation into a fallback one.
+an LLM evaluation into a fallback one. Unusable answers keep falling back (the protocol above),
+but once more than ``unusable_warn_share`` of the decisions asked (after ``unusable_warn_after``
+of them) fell back for that reason, the planner warns once on stderr: the results are then
+mostly the fallback's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import importlib
 import json
 import logging
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -57,11 +61,18 @@ class LLMPlannerConfig:
     max_tokens: int
     retries: int
     max_consecutive_chat_errors: int
+    unusable_warn_after: int
+    unusable_warn_share: float
     path_chars: int
     experiences_per_candidate: int
     experience_chars: int
     experience_budget_chars: int
     log_transcripts: bool
+
+    def __post_init__(self) -> None:
+        if self.unusable_warn_after < 1 or not 0.0 <= self.unusable_warn_share <= 1.0:
+            raise ValueError(f"llm.planner: unusable_warn_after must be >= 1 and unusable_warn_share in [0, 1], "
+                             f"got {self.unusable_warn_after} and {self.unusable_warn_share}")
 
 
 @dataclass
@@ -315,6 +326,8 @@ class LLMPlanner:
         self.last_retrieval: Optional[DecisionRetrieval] = None
         self.chat_ms: list[float] = []  # per decision put to the LLM, this episode
         self._consecutive_chat_errors = 0
+        self._unusable = 0  # decisions asked that fell back because no answer was usable
+        self._warned_unusable = False
 
     @property
     def parse_failures(self) -> int:
@@ -356,11 +369,13 @@ class LLMPlanner:
             counts.fallbacks = 1
             transcript.used_fallback = True
             choice = fallback_choice
+            self._unusable += int(counts.chat_errors == 0)  # chat errors warn (and raise) on their own
         counts.agreed = int(choice == fallback_choice and not transcript.used_fallback)
         transcript.choice = choice
         self.last_transcript = transcript
         self.chat_ms.append(counts.chat_s * 1e3)
         self._count(counts)
+        self._warn_if_mostly_unusable(transcript)
         if self.cfg.log_transcripts:
             log.info("LLM decision %s: %s", ctx.step, json.dumps(asdict(transcript))[:4000])
         return choice
@@ -407,6 +422,21 @@ class LLMPlanner:
             raise LLMPlannerError(f"LLM planner: {self._consecutive_chat_errors} chat failures in a row "
                                   f"(llm.planner.max_consecutive_chat_errors); last: {exc}") from exc
         log.warning("LLM planner: chat backend failed, the fallback decides: %s", exc)
+
+    def _warn_if_mostly_unusable(self, transcript: LLMTranscript) -> None:
+        """Once per planner: say on stderr that the fallback is making most decisions because the
+        LLM's answers are unusable (a wrong prefill, template or backend would otherwise pass as an
+        LLM evaluation, exit status 0)."""
+        asked = self.totals.asked
+        if (self._warned_unusable or asked < self.cfg.unusable_warn_after
+                or self._unusable <= self.cfg.unusable_warn_share * asked):
+            return
+        self._warned_unusable = True
+        last = transcript.answers[-1] if transcript.answers else ""
+        print(f"warning: LLM planner: {self._unusable} of {asked} decisions fell back to the "
+              f"{getattr(self.fallback, 'name', 'fallback')} planner because no answer was usable "
+              f"(llm.planner.unusable_warn_share {self.cfg.unusable_warn_share:g}); last answer {last[:80]!r}: "
+              f"{transcript.errors[-1] if transcript.errors else ''}", file=sys.stderr)
 
     def _count(self, counts: LLMCounts) -> None:
         self.totals.add(counts)

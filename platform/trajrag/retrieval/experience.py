@@ -24,6 +24,7 @@ larger than an evaluator's memory.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +71,10 @@ class ExperienceIndex:
         self.path, self.k = Path(path), int(k)
         if self.k < 1:
             raise ExperienceError(f"value.experience_k must be >= 1, got {k}")
+        missing = "no such folder; it is written beside the value model: copy both"
         try:
+            if not self.path.is_dir():  # lancedb.connect would make it, empty
+                raise FileNotFoundError(missing)
             self.table = lancedb.connect(str(self.path)).open_table(TABLE)
             field = self.table.schema.field(VECTOR)
         except (FileNotFoundError, ValueError, KeyError, OSError) as err:
@@ -80,7 +84,7 @@ class ExperienceIndex:
             raise ExperienceError(f"{self.path}: vectors of {field.type.list_size} features, the value model has "
                                   f"{width}: the table belongs to another model; fit it again with `trajrag value fit`")
         columns = ["goal", VECTOR, "advantage_m"] if in_memory else ["goal"]
-        rows = self.table.search().select(columns).limit(None).to_arrow()
+        rows = self._read(lambda: self.table.search().select(columns).limit(None).to_arrow())
         self.rows = rows.num_rows
         goal_of = rows.column("goal").to_numpy(zero_copy_only=False)
         self.goals = set(goal_of.tolist())
@@ -97,11 +101,21 @@ class ExperienceIndex:
             return self.by_goal[goal].mean_advantage(vectors, self.k)
         return self._lancedb_advantage(vectors, goal)
 
+    def _read(self, query: Callable[[], pa.Table]) -> pa.Table:
+        """``query()``; a damaged table (LanceDB raises RuntimeError, OSError, ...) becomes an
+        ``ExperienceError`` naming it."""
+        try:
+            return query()
+        except Exception as err:  # noqa: BLE001 - any backend read error becomes one clear line
+            raise ExperienceError(f"{self.path}: the frontier experience table cannot be read ({err}); "
+                                  "write it again with `trajrag value fit`, or set scoring.w_experience=0") from None
+
     def _lancedb_advantage(self, vectors: np.ndarray, goal: str) -> np.ndarray:
         """The same search as one multi-vector LanceDB query (flat, goal prefilter)."""
-        result = (self.table.search(vectors if len(vectors) > 1 else vectors[0], vector_column_name=VECTOR)
-                  .distance_type("l2").where(f"goal = {sql_str(goal)}", prefilter=True).bypass_vector_index()
-                  .select(["advantage_m", "_distance"]).limit(self.k).to_arrow())
+        result = self._read(
+            lambda: (self.table.search(vectors if len(vectors) > 1 else vectors[0], vector_column_name=VECTOR)
+                     .distance_type("l2").where(f"goal = {sql_str(goal)}", prefilter=True).bypass_vector_index()
+                     .select(["advantage_m", "_distance"]).limit(self.k).to_arrow()))
         index = (result.column("query_index").to_numpy() if "query_index" in result.column_names
                  else np.zeros(result.num_rows, dtype=np.int64))
         advantage = result.column("advantage_m").to_numpy().astype(float)

@@ -15,7 +15,8 @@ Episode specs (``load_episodes``):
   ``world/episode_gen.py`` (``SEED`` defaults to the ``episodes`` config's seed).
 
 ``validate_episodes`` checks that every episode can run: its scene is loaded, its start is on the
-traversable area and its goal category has an object in that scene.
+traversable area at the height of the scene's floor (a start on another floor of the building
+would run on this floor's map) and its goal category has an object in that scene.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def load_episodes(spec: str, scenes: Sequence[Scene], overrides: Sequence[str] =
         known.update(c for scene in scenes for c in scene.categories)
         episodes = read_episodes(spec, categories=known, aliases=gibson.category_names)
     if strict:
-        validate_episodes(episodes, scenes, strict=True)
+        validate_episodes(episodes, scenes, strict=True, overrides=overrides)
     return episodes
 
 
@@ -158,8 +159,8 @@ def parse_generated_spec(spec: str) -> tuple[int, int | None]:
 # -- validation -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EpisodeProblem:
-    """Why one episode cannot run. kind: unknown_scene, bad_start, off_map, not_traversable,
-    unknown_category or category_absent."""
+    """Why one episode cannot run. kind: unknown_scene, bad_start, other_floor, off_map,
+    not_traversable, unknown_category or category_absent."""
 
     source: str
     episode_id: str
@@ -208,14 +209,16 @@ class ValidationReport:
 
 
 def validate_episodes(episodes: Iterable[ObjectNavEpisode], scenes: Sequence[Scene],
-                      strict: bool = False) -> ValidationReport:
-    """Check each episode against ``scenes``; with ``strict``, raise ``EpisodeError`` at the first problem."""
+                      strict: bool = False, overrides: Sequence[str] = ()) -> ValidationReport:
+    """Check each episode against ``scenes``; with ``strict``, raise ``EpisodeError`` at the first
+    problem. ``overrides``: for ``episodes.start_floor_tolerance_m``."""
+    floor_tolerance_m = config_mod.load("episodes", overrides).start_floor_tolerance_m
     by_name = {scene.name: scene for scene in scenes}
     present: dict[str, set[str]] = {}  # scene name -> categories with an object, computed once
     report = ValidationReport(n_episodes=0)
     for episode in episodes:
         report.n_episodes += 1
-        for kind, message in _episode_problems(episode, by_name, present):
+        for kind, message in _episode_problems(episode, by_name, present, floor_tolerance_m):
             problem = EpisodeProblem(episode_source(episode), episode.episode_id, episode.scene_key, kind, message)
             if strict:
                 raise EpisodeError(str(problem))
@@ -223,8 +226,8 @@ def validate_episodes(episodes: Iterable[ObjectNavEpisode], scenes: Sequence[Sce
     return report
 
 
-def _episode_problems(episode: ObjectNavEpisode, scenes: dict[str, Scene],
-                      present: dict[str, set[str]]) -> list[tuple[str, str]]:
+def _episode_problems(episode: ObjectNavEpisode, scenes: dict[str, Scene], present: dict[str, set[str]],
+                      floor_tolerance_m: float) -> list[tuple[str, str]]:
     """``(kind, message)`` for each reason ``episode`` cannot run (empty if it can)."""
     scene = scenes.get(episode.scene_key)
     if scene is None:
@@ -237,6 +240,12 @@ def _episode_problems(episode: ObjectNavEpisode, scenes: dict[str, Scene],
     except ValueError as exc:
         problems.append(("bad_start", f"start pose: {exc}"))
     else:
+        height = float(episode.start_position[1])
+        if abs(height - scene.floor_height) > floor_tolerance_m:
+            problems.append(("other_floor", f"start height {height:.2f} m is {height - scene.floor_height:+.2f} m "
+                                            f"from this map's floor ({scene.floor_height:.2f} m; "
+                                            f"episodes.start_floor_tolerance_m {floor_tolerance_m:g}): a start on "
+                                            f"another floor (floor_id {episode.floor_id}) would run on this one's map"))
         cell = scene.to_cell(pose.xy)
         where = f"start (x={pose.x:.2f}, y={pose.y:.2f}) m, cell (row={cell[0]}, col={cell[1]})"
         if not scene.in_bounds(cell):

@@ -62,6 +62,8 @@ class EpisodeConfig:
     one, ``world/datasets.py``). require_action_path: keep only starts from which the discrete
     agent can walk into the goal region. action_path_*: the shortest-action-path planner
     (``geodesic.shortest_action_path``: heuristic weight, metres per turn, node budget).
+    start_floor_tolerance_m: metres a start's height may differ from its scene's floor_height
+    (``world/datasets.py`` validation).
     """
 
     goal_categories: list[str]
@@ -82,6 +84,7 @@ class EpisodeConfig:
     action_path_heuristic_weight: float
     action_path_turn_cost_m: float
     action_path_max_expansions: int
+    start_floor_tolerance_m: float
 
 
 def load_config(overrides: Sequence[str] = ()) -> EpisodeConfig:
