@@ -57,10 +57,9 @@ class RunSettingsError(ValueError):
     """A run label asked to resume with settings other than those its records were made with."""
 
 
-class RecordsError(RunSettingsError):
+class RecordsError(ValueError):
     """A line of a run's episode records that is no episode record, named ``file:line``. Its run
-    cannot resume (re-running the episode would put two records of it in one run), so it is a
-    ``RunSettingsError``: every command that reads runs reports it in one line."""
+    cannot resume: re-running the episode would put two records of it in one run."""
 
 
 @dataclass
