@@ -267,15 +267,15 @@ def test_the_cheapest_reachable_target_is_the_one_with_the_shortest_way(policy):
     targets = np.zeros(sem.shape, dtype=bool)
     # Straddling the far wall (an object against it): only the room's side can be reached.
     targets[50:75, 30:50] = True
-    best = policy.cheapest_reachable(sem, xy, targets)
+    best = policy.cheapest_reachable(sem, xy, [targets])
     assert best is not None and best[1] < 3.0 - RADIUS, best
     targets[:] = False
     targets[66:75, 30:50] = True  # beyond the wall only
-    assert policy.cheapest_reachable(sem, xy, targets) is None
+    assert policy.cheapest_reachable(sem, xy, [targets]) is None
     # Two patches 1.25 m away in a straight line: behind the partition (a 6 m walk round its
     # end) and in the open; the open one is cheaper.
     targets[:] = False
     targets[15:25, 65:70] = True
     targets[15:25, 10:15] = True
-    best = policy.cheapest_reachable(sem, xy, targets)
+    best = policy.cheapest_reachable(sem, xy, [targets])
     assert best is not None and best[0] < 1.0, best

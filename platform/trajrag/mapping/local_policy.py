@@ -38,6 +38,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
+from typing import Sequence
 
 import numpy as np
 
@@ -340,27 +341,31 @@ class LocalPolicy:
             out[i] = self._snap_goal(sem_map, target, unreachable) is not None
         return out
 
-    def cheapest_reachable(self, sem_map: SemanticMap, xy: np.ndarray, targets: np.ndarray) -> np.ndarray | None:
-        """Map-frame metres of the cell of ``targets`` (bool, the map's shape) that the agent at
-        ``xy`` reaches at the lowest path cost on ``act``'s planning grid (unknown cells as ``act``
-        treats them), among those the agent may stand on; ``None`` if it reaches none of them."""
+    def cheapest_reachable(self, sem_map: SemanticMap, xy: np.ndarray,
+                           tiers: Sequence[np.ndarray]) -> np.ndarray | None:
+        """Map-frame metres of the cell that the agent at ``xy`` reaches at the lowest path cost on
+        ``act``'s planning grid (unknown cells as ``act`` treats them), among the cells of the first
+        of ``tiers`` (bool masks, the map's shape, in order of preference) that holds a reachable
+        cell the agent may stand on; ``None`` if none does. One cost-to-go field serves every tier."""
         self._ensure_layers(sem_map)
         blocked, raw, window = self._grids(sem_map, xy, xy)
         r0, r1, c0, c1 = window
         start = sem_map.to_cell(xy) - np.array([r0, c0])
         if not (0 <= start[0] < r1 - r0 and 0 <= start[1] < c1 - c0):
             return None
+        free = ~blocked[r0:r1, c0:c1]
+        wanted = [targets[r0:r1, c0:c1] & free for targets in tiers]
+        if not any(w.any() for w in wanted):
+            return None
         costs = self._step_costs(sem_map, blocked, raw, window)
         costs[start[0], start[1]] = 1.0  # the agent's cell is always enterable
-        wanted = targets[r0:r1, c0:c1] & ~blocked[r0:r1, c0:c1]
-        if not wanted.any():
-            return None
         to_go, _ = MCP_Geometric(costs, fully_connected=True).find_costs([tuple(start)])
-        to_go = np.where(wanted, to_go, np.inf)
-        best = np.unravel_index(int(np.argmin(to_go)), to_go.shape)
-        if not np.isfinite(to_go[best]):
-            return None
-        return sem_map.to_xy(np.array([[best[0] + r0, best[1] + c0]]))[0]
+        for cells in wanted:
+            tier = np.where(cells, to_go, np.inf)
+            best = np.unravel_index(int(np.argmin(tier)), tier.shape)
+            if np.isfinite(tier[best]):
+                return sem_map.to_xy(np.array([[best[0] + r0, best[1] + c0]]))[0]
+        return None
 
     def _needs_replan(self, sem_map: SemanticMap, xy: np.ndarray, blocked: np.ndarray) -> bool:
         if self._path is None or self._since_plan >= self.cfg.replan_every_steps:
