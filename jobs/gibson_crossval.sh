@@ -24,6 +24,8 @@
 #   WALKS    corpus walks per training scene in each fold's memory (default 30); a copy of a smaller
 #            fold memory grows to this (the build skips the episodes it already holds)
 #   EXTRA    more `--set section.key=value` options for the TrajRAG runs only (a variant to compare)
+#   WORLD    more `--set section.key=value` options for both planners' runs (a world setting, e.g.
+#            "--set episodes.goal_region=line_of_sight"; use a new OUT, the episodes differ)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +36,7 @@ GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
 LABEL=${LABEL:-trajrag}
 WALKS=${WALKS:-30}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+read -r -a WORLD_ARGS <<< "${WORLD:-}"
 T=.venv/bin/trajrag
 [ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
@@ -75,7 +78,7 @@ done
 for seed in $SEEDS; do
   for k in 0 1 2 3 4; do
     F=$OUT/F$k; common=(--scenes "$GIBSON@held_out" --episodes "generated:10:$seed" --out "$F/O$seed"
-                       --workers "$WORKERS" --json --preset "gibson_fold$k")
+                       --workers "$WORKERS" --json --preset "gibson_fold$k" "${WORLD_ARGS[@]}")
     # Evaluations resume episode by episode, so they always run (a finished one only summarises).
     run "eval-F$k-O$seed-frontier" $T eval "${common[@]}" --planner frontier
     run "eval-F$k-O$seed-$LABEL" $T eval "${common[@]}" --planner trajrag \

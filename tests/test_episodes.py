@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from trajrag import config
-from trajrag.world.episode_gen import generate_episodes, present_goal_categories, scene_goal_field
+from trajrag.world.episode_gen import check_config, generate_episodes, present_goal_categories, scene_goal_field
 from trajrag.world.geodesic import geodesic_field, goal_region, neighbour_offsets, path_to_goal
 from trajrag.world.scene import NO_CATEGORY, Scene
 
@@ -130,6 +131,39 @@ def test_goal_region_is_traversable_cells_within_success_distance():
     assert not region[60, 100], "no region cell 4 m from the chair"
     with pytest.raises(KeyError, match="test/two_rooms"):
         goal_region(scene, "piano", 1.0)
+
+
+def _tv_behind_a_wall_and_one_in_sight() -> Scene:
+    """2 m x 3 m: a room (rows 11-39) under a wall; one TV shut in behind the wall (rows 8-9, its
+    nearest cells 0.25 m from cell (14, 27)), another in the room 0.46 m from that cell."""
+    trav = np.zeros((40, 60), dtype=bool)
+    trav[11:, :] = True
+    scene = make_scene(trav, {"tv_monitor": [(slice(8, 10), slice(20, 27)), (slice(11, 13), slice(36, 42))]})
+    floor = np.zeros_like(trav)
+    floor[11:, :] = True
+    return dataclasses.replace(scene, floor=floor)
+
+
+def test_a_goal_region_by_line_of_sight_counts_the_object_in_sight_not_the_nearest():
+    """seen_path measures against the nearest TV cell, behind the wall, so a cell 0.46 m from the
+    TV in plain sight is left out; line_of_sight keeps it, and never sees through the wall."""
+    scene = _tv_behind_a_wall_and_one_in_sight()
+    by_path = goal_region(scene, "tv_monitor", 1.0, "seen_path")
+    by_sight = goal_region(scene, "tv_monitor", 1.0, "line_of_sight")
+    assert by_sight[14, 27] and not by_path[14, 27]
+    assert not by_sight[13, 15], "0.32 m from the shut-in TV, 1.07 m from the other one"
+    assert by_sight[11:, 30:].sum() > 0 and not by_sight[:11].any() and scene.traversable[by_sight].all()
+    with pytest.raises(ValueError, match="line_of_sight"):
+        goal_region(scene, "tv_monitor", 1.0, "view_points")
+
+
+def test_the_goal_region_rule_is_checked_and_keys_the_goal_field_cache(cfg):
+    scene = _tv_behind_a_wall_and_one_in_sight()
+    by_sight = dataclasses.replace(cfg, goal_region="line_of_sight")
+    assert scene_goal_field(scene, "tv_monitor", by_sight).region[14, 27]
+    assert not scene_goal_field(scene, "tv_monitor", cfg).region[14, 27]
+    with pytest.raises(config.ConfigError, match="goal_region"):
+        check_config(dataclasses.replace(cfg, goal_region="view_points"))
 
 
 # -- episodes ---------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from scipy import ndimage
 from trajrag import config as config_mod
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import Pose2D
-from trajrag.world.geodesic import ActionPath, GoalField, Motion, goal_field, shortest_action_path
+from trajrag.world.geodesic import GOAL_REGION_RULES, ActionPath, GoalField, Motion, goal_field, shortest_action_path
 from trajrag.world.scene import Scene
 
 
@@ -52,7 +52,8 @@ class EpisodeConfig:
     """Episode definition and generation (values and sources: ``configs/episodes.yaml``).
 
     goal_categories: ObjectNav goal names. success_distance: metres from a goal object within
-    which STOP succeeds (the goal region). success_tolerance_m: geodesic metres outside the region
+    which STOP succeeds (the goal region). goal_region: how a region cell must see the object
+    (``geodesic.GOAL_REGION_RULES``). success_tolerance_m: geodesic metres outside the region
     that still count (habitat's 0.1 m to the view points). max_steps: action budget per episode.
     min_geodesic, max_geodesic: metres. geodesic_to_euclid_min_ratio, ratio_keep_scale,
     ratio_keep_offset: straight-line filter. retries_per_episode: start draws per episode.
@@ -68,6 +69,7 @@ class EpisodeConfig:
 
     goal_categories: list[str]
     success_distance: float
+    goal_region: str
     success_tolerance_m: float
     max_steps: int
     min_geodesic: float
@@ -101,6 +103,9 @@ def check_config(cfg: EpisodeConfig) -> None:
         raise config_mod.ConfigError(f"episodes: success_distance >= 0, success_tolerance_m >= 0, max_steps >= 1 and "
                           f"retries_per_episode >= 1 required, got {cfg.success_distance}, {cfg.success_tolerance_m}, "
                           f"{cfg.max_steps}, {cfg.retries_per_episode}")
+    if cfg.goal_region not in GOAL_REGION_RULES:
+        raise config_mod.ConfigError(f"episodes: goal_region must be one of {', '.join(GOAL_REGION_RULES)}, "
+                                     f"got {cfg.goal_region!r}")
     if cfg.geodesic_neighbourhood_radius < 1 or cfg.field_cache_size < 1:
         raise config_mod.ConfigError("episodes: geodesic_neighbourhood_radius and field_cache_size must be >= 1")
     if cfg.action_path_heuristic_weight < 1 or cfg.action_path_turn_cost_m < 0 or cfg.action_path_max_expansions < 1:
@@ -112,7 +117,7 @@ def check_config(cfg: EpisodeConfig) -> None:
 def scene_goal_field(scene: Scene, category: str, cfg: EpisodeConfig) -> GoalField:
     """The cached geodesic field to the goal region of ``category`` in ``scene`` (per ``cfg``)."""
     return goal_field(scene, category, cfg.success_distance, cfg.geodesic_neighbourhood_radius,
-                      cfg.field_cache_size)
+                      cfg.field_cache_size, cfg.goal_region)
 
 
 def plan_action_path(scene: Scene, goal: GoalField, pose: Pose2D, motion: Motion,

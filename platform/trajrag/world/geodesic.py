@@ -234,17 +234,35 @@ def _all_finite(field: np.ndarray, cells: np.ndarray) -> bool:
 
 
 # -- goal regions and the per-(scene, category) cache ---------------------------------------------
-def goal_region(scene: Scene, category: str, success_distance: float) -> np.ndarray:
-    """bool (H, W): traversable cells within ``success_distance`` metres (Euclidean) of any cell
-    of an object of ``category`` *that see it*: the path to the object through the scene's floor
-    (cells with no wall) is no longer than the straight line (up to the 8-neighbour grid's 8 %
-    and one cell), so the region does not leak through a wall into the next room. Habitat's
-    ObjectNav view points are likewise places the object is seen from. ``KeyError`` naming the
-    scene if it has no such category; all-False if it has none of those objects."""
-    category_id = scene.category_id(category)
-    objects = scene.category_map == category_id
+# How a goal region decides that a cell "sees" the object (``configs/episodes.yaml goal_region``).
+GOAL_REGION_RULES = ("seen_path", "line_of_sight")
+
+
+def goal_region(scene: Scene, category: str, success_distance: float, rule: str = "seen_path") -> np.ndarray:
+    """bool (H, W): traversable cells within ``success_distance`` metres (Euclidean) of a cell of
+    an object of ``category`` that they see, by ``rule`` (``GOAL_REGION_RULES``):
+
+    * ``seen_path``: the path to the object through the scene's floor (cells with no wall) is no
+      longer than the straight line to its nearest cell (up to the 8-neighbour grid's 8 % and one
+      cell), so the region does not leak through a wall into the next room;
+    * ``line_of_sight``: the straight line to some object cell within reach crosses no wall, as
+      the renderer draws them (a cell with no floor and no object). Closer to habitat's ObjectNav
+      view points (places the object is seen from) where ``seen_path`` measures against the wrong
+      cell: an object cell behind a wall is the nearest, another one in sight is not.
+
+    ``KeyError`` naming the scene if it has no such category; all-False if it has none of those
+    objects; ``ValueError`` for an unknown rule."""
+    if rule not in GOAL_REGION_RULES:
+        raise ValueError(f"goal region rule must be one of {GOAL_REGION_RULES}, got {rule!r}")
+    objects = scene.category_map == scene.category_id(category)
     if not objects.any():
         return np.zeros(scene.shape, dtype=bool)
+    if rule == "line_of_sight":
+        return _line_of_sight_region(scene, objects, success_distance)
+    return _seen_path_region(scene, objects, success_distance)
+
+
+def _seen_path_region(scene: Scene, objects: np.ndarray, success_distance: float) -> np.ndarray:
     euclid = ndimage.distance_transform_edt(~objects) * scene.cell_size
     near = euclid <= success_distance
     rows, cols = np.nonzero(near)
@@ -257,6 +275,38 @@ def goal_region(scene: Scene, category: str, success_distance: float) -> np.ndar
     region = np.zeros(scene.shape, dtype=bool)
     region[r0:r1, c0:c1] = seen & near[r0:r1, c0:c1]
     return region & scene.traversable
+
+
+def _line_of_sight_region(scene: Scene, objects: np.ndarray, success_distance: float) -> np.ndarray:
+    """Cells within reach of an object cell with a clear straight line to it. Rays start on the
+    object's outline only: a ray to an inner cell crosses an outline cell first, nearer."""
+    wall = ~scene.floor & (scene.instance_map == 0)
+    outline = np.argwhere(objects & ~ndimage.binary_erosion(objects))
+    reach = int(math.floor(success_distance / scene.cell_size + 1e-9))
+    pad = reach + 1
+    wall = np.pad(wall, pad, constant_values=True)
+    seen = np.zeros(wall.shape, dtype=bool)
+    for offset, samples in _ray_samples(reach):
+        cells = outline[:, None, :] + samples[None, :, :] + pad
+        clear = ~wall[cells[..., 0], cells[..., 1]].any(axis=1)
+        ends = outline[clear] + offset + pad
+        seen[ends[:, 0], ends[:, 1]] = True
+    return seen[pad:-pad, pad:-pad] & scene.traversable
+
+
+@functools.lru_cache(maxsize=4)
+def _ray_samples(reach: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per offset within ``reach`` cells: the offset and the cells its ray passes, sampled every
+    half cell from the first step after the object cell to the end cell."""
+    out = []
+    for dr in range(-reach, reach + 1):
+        for dc in range(-reach, reach + 1):
+            if (dr, dc) == (0, 0) or math.hypot(dr, dc) > reach:
+                continue
+            offset = np.array([dr, dc])
+            t = np.linspace(0.0, 1.0, 2 * max(abs(dr), abs(dc)) + 1)[1:, None]
+            out.append((offset, np.rint(t * offset).astype(np.int64)))
+    return tuple(out)
 
 
 # 8-neighbour grid paths are up to 8.2 % longer than the straight line (at 22.5 degrees): a
@@ -334,23 +384,26 @@ def scene_fingerprint(scene: Scene) -> str:
     digest = hashlib.blake2b(digest_size=12)
     digest.update(repr((scene.shape, scene.cell_size)).encode())
     digest.update(np.packbits(scene.traversable).tobytes())
+    digest.update(np.packbits(scene.floor).tobytes())  # goal regions look across the floor
     digest.update(np.ascontiguousarray(scene.category_map).tobytes())
+    digest.update(np.ascontiguousarray(scene.instance_map).tobytes())
     return digest.hexdigest()
 
 
 def goal_field(scene: Scene, category: str, success_distance: float, radius: int,
-               cache_size: int) -> GoalField:
-    """The ``GoalField`` of (scene, category), from an LRU of ``cache_size`` fields.
+               cache_size: int, rule: str = "seen_path") -> GoalField:
+    """The ``GoalField`` of (scene, category), from an LRU of ``cache_size`` fields (``rule``: how
+    the goal region decides what sees the object, ``goal_region``).
 
     Keyed by scene name, a digest of its grids, the category and the parameters, so every episode
     of one scene and category shares one Dijkstra run.
     """
-    key = (scene.name, scene_fingerprint(scene), category, float(success_distance), int(radius))
+    key = (scene.name, scene_fingerprint(scene), category, float(success_distance), int(radius), rule)
     cache = _cache(cache_size)
     hit = cache.get(key)
     if hit is not None:
         return hit
-    region = goal_region(scene, category, success_distance)
+    region = goal_region(scene, category, success_distance, rule)
     distance = geodesic_field(scene.traversable, region, scene.cell_size, radius)
     for array in (distance, region):
         array.setflags(write=False)  # shared by every caller of the cache
