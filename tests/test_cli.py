@@ -317,6 +317,23 @@ def test_a_bad_eval_input_leaves_no_folder_behind(tmp_path, args, needle, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize("variant,needle", [
+    ("[retreival.coarse=false]", "no config section 'retreival'"),  # a section no command would load
+    ("[retrieval.corse=false]", "did you mean retrieval.coarse"),
+    ("[retrieval.coarse=maybe]", "retrieval.yaml"),
+    ("[coarse]", "expected SECTION.KEY=VALUE"),
+])
+def test_a_bad_override_of_a_variant_is_named_with_the_variant_before_any_folder(tmp_path, variant, needle,
+                                                                                   capsys):
+    out = tmp_path / "eval"
+    assert main([*EVAL, "--planner", "trajrag", "--store", str(tmp_path / "memory"), "--variant", "full,typo",
+                 "--out", str(out), "--set", f"eval.variants.typo={variant}"]) == 2
+    err = capsys.readouterr().err
+    assert "error: variant 'typo' (eval.variants.typo): override " in err and needle in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_a_bad_value_model_is_named_before_the_run_is_claimed(tmp_path, capsys):
     model = tmp_path / "value.json"
     model.write_text('{"format": "something else"}')

@@ -105,6 +105,8 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
     missing = [v for v in names if v and v not in variants]
     if missing:
         raise UserError(f"unknown variant(s) {missing}; known (configs/eval.yaml): {sorted(variants)}")
+    for variant in filter(None, names):
+        _check_variant(variant, variants[variant])
     paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
             ([f"retrieval.model_dir={args.model}"] if args.model else [])
     runs = []
@@ -116,6 +118,19 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
     if args.label and len(runs) > 1:
         raise UserError("--label names one run: give one planner and at most one variant")
     return runs
+
+
+def _check_variant(name: str, overrides: list[str]) -> None:
+    """A variant's overrides, checked as ``--set`` values are (``config.check_overrides``): eval
+    adds them itself after the command line was checked, and a typo in ``eval.variants`` would
+    otherwise change nothing (an unknown section is never loaded) or stop the run once its
+    folder is made."""
+    from trajrag import config
+
+    try:
+        config.check_overrides(overrides)
+    except config.ConfigError as exc:
+        raise config.ConfigError(f"variant {name!r} (eval.variants.{name}): {exc}") from None
 
 
 def eval_command(args: argparse.Namespace) -> int:
