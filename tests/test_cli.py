@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import re
 import bz2
+from pathlib import Path
 
 import pytest
 
@@ -285,7 +287,8 @@ def test_a_run_json_of_another_shape_is_named_and_left_alone(tmp_path, stored):
     (tmp_path / "frontier").mkdir()
     (tmp_path / "frontier" / "run.json").write_text(stored)
     with pytest.raises(RunSettingsError, match="run.json: not a run settings file"):
-        claim_runs(tmp_path, {"frontier": run_settings("frontier", [])})
+        with claim_runs(tmp_path, {"frontier": run_settings("frontier", [])}):
+            pass
     assert (tmp_path / "frontier" / "run.json").read_text() == stored
 
 
@@ -295,13 +298,103 @@ def test_a_run_that_finished_no_episode_is_claimed_again(tmp_path, capsys):
     from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
 
     failed, fixed = (run_settings("frontier", [o]) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
-    claim_runs(tmp_path, {"frontier": failed})
-    claim_runs(tmp_path, {"frontier": fixed})
+    for settings in (failed, fixed):
+        with claim_runs(tmp_path, {"frontier": settings}):
+            pass
     assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == fixed
     assert "finished no episode; claimed again" in capsys.readouterr().err
     (tmp_path / "frontier" / "episodes.jsonl").write_text(json.dumps(_record("0")) + "\n")
     with pytest.raises(RunSettingsError, match="its 1 finished episodes would mix"):
-        claim_runs(tmp_path, {"frontier": failed})
+        with claim_runs(tmp_path, {"frontier": failed}):
+            pass
+
+
+# Two evaluations of one label: run.json settings that differ only in the simulator's width.
+NARROW, WIDE = ("sim.width=160",), ("sim.width=320",)
+
+
+def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeypatch, capsys):
+    """The race of two `trajrag eval` on one --out and label, played out in one process: the
+    second claimer comes while the first is between reading run.json and writing it (both see no
+    run.json, or one whose run finished no episode, which may be claimed again)."""
+    from trajrag.agent import evaluate
+    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+
+    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
+    check, refused = evaluate._to_claim, []
+
+    def checked_while_the_second_comes(run, wanted, alone=True):
+        if not refused:
+            with pytest.raises(RunClaimedError) as error:
+                with claim_runs(tmp_path, {"frontier": second}):
+                    pass
+            refused.append(str(error.value))
+        return check(run, wanted, alone)
+
+    monkeypatch.setattr(evaluate, "_to_claim", checked_while_the_second_comes)
+    with claim_runs(tmp_path, {"frontier": first}):
+        assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == first
+        # once claimed, while its first episode is still walking (0 finished): refused all the same
+        for settings in (first, second):
+            with pytest.raises(RunClaimedError, match=f"pid {os.getpid()} on "):
+                with claim_runs(tmp_path, {"frontier": settings}):
+                    pass
+    assert refused and f"{tmp_path / 'frontier'}: run 'frontier' is being walked by another process" in refused[0]
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == first
+    # released: the label's run finished no episode, so other settings claim it again
+    monkeypatch.setattr(evaluate, "_to_claim", check)
+    with claim_runs(tmp_path, {"frontier": second}):
+        pass
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == second
+    assert "claimed again" in capsys.readouterr().err
+
+
+def test_shards_of_one_evaluation_share_a_label_that_other_settings_cannot_take(tmp_path):
+    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+
+    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
+    shard = [f"episodes.shard-{i}-of-3.jsonl" for i in range(3)]
+    with claim_runs(tmp_path, {"frontier": first}, shard[0]), claim_runs(tmp_path, {"frontier": first}, shard[1]):
+        with pytest.raises(RunClaimedError, match="walks it with other settings \\(sim.width: 160 -> 320"):
+            with claim_runs(tmp_path, {"frontier": second}, shard[2]):
+                pass
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == first
+
+
+CLAIMER = """
+import sys
+from pathlib import Path
+from trajrag.agent.evaluate import claim_runs, run_settings
+with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", ["sim.width=160"])}):
+    print("claimed", flush=True)
+    sys.stdin.read()  # holds the label until killed
+"""
+
+
+def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path):
+    """A process killed mid-run leaves its lock files, with its pid, behind: they hold nothing."""
+    import signal
+    import subprocess
+    import sys
+
+    import trajrag
+    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+
+    env = {**os.environ, "PYTHONPATH": str(Path(trajrag.__file__).parents[1])}
+    other = subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert other.stdout.readline().strip() == "claimed"
+        with pytest.raises(RunClaimedError, match=f"pid {other.pid} on "):
+            with claim_runs(tmp_path, {"frontier": run_settings("frontier", NARROW)}):
+                pass
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(timeout=30)
+    assert f"pid {other.pid} on " in (tmp_path / "frontier" / "episodes.jsonl.lock").read_text()
+    with claim_runs(tmp_path, {"frontier": run_settings("frontier", WIDE)}):  # its run finished no episode
+        assert (tmp_path / "frontier" / "episodes.jsonl.lock").read_text().startswith(f"pid {os.getpid()} on ")
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == run_settings("frontier", WIDE)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -314,6 +407,23 @@ def test_a_bad_eval_input_leaves_no_folder_behind(tmp_path, args, needle, capsys
     assert main([*EVAL, "--out", str(out), *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("variant,needle", [
+    ("[retreival.coarse=false]", "no config section 'retreival'"),  # a section no command would load
+    ("[retrieval.corse=false]", "did you mean retrieval.coarse"),
+    ("[retrieval.coarse=maybe]", "retrieval.yaml"),
+    ("[coarse]", "expected SECTION.KEY=VALUE"),
+])
+def test_a_bad_override_of_a_variant_is_named_with_the_variant_before_any_folder(tmp_path, variant, needle,
+                                                                                   capsys):
+    out = tmp_path / "eval"
+    assert main([*EVAL, "--planner", "trajrag", "--store", str(tmp_path / "memory"), "--variant", "full,typo",
+                 "--out", str(out), "--set", f"eval.variants.typo={variant}"]) == 2
+    err = capsys.readouterr().err
+    assert "error: variant 'typo' (eval.variants.typo): override " in err and needle in err, err
+    assert len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 

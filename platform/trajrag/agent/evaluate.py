@@ -5,11 +5,14 @@ One process here; the platform issue fans the same episode loop out over Ray act
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import hashlib
 import json
 import math
 import os
+import socket
 import sys
 import zlib
 from dataclasses import dataclass, field, fields
@@ -55,6 +58,11 @@ _JSON_NAMES = {str: "a string", dict: "a JSON object", bool: "true or false"}
 
 class RunSettingsError(ValueError):
     """A run label asked to resume with settings other than those its records were made with."""
+
+
+class RunClaimedError(RuntimeError):
+    """A run label another live process holds: it writes the same records file, or walks the
+    label with other settings, or claims it this very moment (``claim_runs``)."""
 
 
 class RecordsError(ValueError):
@@ -274,9 +282,11 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
     return inputs
 
 
-def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
-    """Check each run label's settings (``run_settings``) against ``<out>/<label>/run.json`` and
-    write the file where it is missing; nothing is written unless every run agrees.
+@contextlib.contextmanager
+def claim_runs(out_dir: Path, settings: dict[str, dict], records: str = "episodes.jsonl") -> Iterator[None]:
+    """Claim each run label for this process while the ``with`` body walks it: check its settings
+    (``run_settings``) against ``<out>/<label>/run.json`` and write the file where it is missing;
+    nothing is written unless every run agrees.
 
     A resume with other settings, or with other content under the same paths, would mix two
     configurations under one label, so it raises ``RunSettingsError`` naming each difference. A
@@ -284,18 +294,104 @@ def claim_runs(out_dir: Path, settings: dict[str, dict]) -> None:
     them. Records without a run.json were made before it existed, and so before success counted
     habitat's tolerance (format ``/2``): they are refused too, untouched. A label whose run
     finished no episode (it failed before its first: a bad path, a bad value) is claimed again
-    with these settings, as there is nothing to mix; a run.json that is not one
-    (``read_run_settings``) is refused whatever the records."""
-    runs = [(AgentRun(label, Path(out_dir) / label), wanted) for label, wanted in settings.items()]
-    unclaimed = [(run, wanted) for run, wanted in runs if _to_claim(run, wanted)]
-    for run, wanted in unclaimed:
-        run.directory.mkdir(parents=True, exist_ok=True)
-        write_json(run.settings_path, wanted)
+    with these settings, as there is nothing to mix, unless another process holds it; a run.json
+    that is not one (``read_run_settings``) is refused whatever the records.
+
+    Two processes must not both claim a label (``_hold_run``): the one that comes second gets
+    ``RunClaimedError``. The shards of one evaluation (``records``: the file this process appends
+    to, ``episodes.shard-I-of-N.jsonl``) share a label when their settings agree."""
+    runs = [(AgentRun(label, Path(out_dir) / label), wanted) for label, wanted in sorted(settings.items())]
+    with contextlib.ExitStack() as held:
+        locks = [_hold_run(held, run, records) for run, _ in runs]  # label order: no two processes wait in a circle
+        unclaimed = [(run, wanted) for (run, wanted), (_, alone) in zip(runs, locks) if _to_claim(run, wanted, alone)]
+        for run, wanted in unclaimed:
+            write_json(run.settings_path, wanted)
+        for (run, wanted), (lock, alone) in zip(runs, locks):
+            if alone:
+                _share_run(lock, run, wanted)
+        yield
 
 
-def _to_claim(run: AgentRun, wanted: dict) -> bool:
+def _hold_run(held: contextlib.ExitStack, run: AgentRun, records: str) -> tuple[int, bool]:
+    """Lock ``run``'s folder for this process until ``held`` closes; returns the run.json lock and
+    whether no other process holds the label.
+
+    Locks are ``flock``s, which the kernel drops when their process ends however it ends: a
+    killed evaluation leaves its lock files behind but holds nothing, and a re-run claims the
+    label at once (the pid in a lock file only names its holder in errors). ``<records>.lock``:
+    one process per records file, or two would walk the same episodes; ``RunClaimedError`` at
+    once. ``run.json.lock``: exclusive while this process is the only one there (it may then
+    write run.json), otherwise shared with the label's other shards (waiting the moment another
+    one takes to claim)."""
+    run.directory.mkdir(parents=True, exist_ok=True)
+    walker = run.directory / f"{records}.lock"
+    fd = _flock(held, walker, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
+        raise RunClaimedError(f"{run.directory}: run {run.name!r} is being walked by another process "
+                              f"({_holder(walker)}, writing {records}): wait for it to finish, or give another "
+                              f"--label or --out")
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    settings_lock = run.directory / f"{run.settings_path.name}.lock"
+    fd = _flock(held, settings_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is not None:
+        return fd, True
+    return _flock(held, settings_lock, fcntl.LOCK_SH), False
+
+
+def _flock(held: contextlib.ExitStack, path: Path, operation: int) -> int | None:
+    """A descriptor of ``path`` (created if missing) locked with ``operation`` (``fcntl.flock``),
+    closed, and so unlocked, when ``held`` closes; None when another holds it (``LOCK_NB``). A
+    file system without locks is said on stderr and walked unlocked, as before locks existed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    held.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, operation)
+    except BlockingIOError:
+        return None
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP: e.g. an NFS mount without its lock daemon
+        print(f"warning: {path}: cannot lock ({exc}); another eval of this run would not be noticed",
+              file=sys.stderr)
+    return fd
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock file ``path``, as its holder wrote it (``_hold_run``)."""
+    try:
+        return path.read_text().strip() or "a process"
+    except OSError:
+        return "a process"
+
+
+def _share_run(fd: int, run: AgentRun, wanted: dict) -> None:
+    """After claiming ``run`` alone, let its other shards in: the run.json lock goes from exclusive
+    to shared. ``flock`` may drop the lock before it takes it again, so a process that came at
+    that moment may have claimed the label: ``RunClaimedError`` unless run.json is still ours."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _claimed(run, "claimed it at the same moment") from None
+    except OSError:  # no locks on this file system (``_flock`` said so)
+        return
+    if not _agrees(read_run_settings(run.settings_path), wanted):
+        raise _claimed(run, "claimed it at the same moment")
+
+
+def _claimed(run: AgentRun, what: str) -> RunClaimedError:
+    return RunClaimedError(f"{run.directory}: another process {what} (run {run.name!r}): wait for it to finish, "
+                           f"or give another --label or --out")
+
+
+def _agrees(stored: dict, wanted: dict) -> bool:
+    """Whether run.json's ``stored`` settings are ``wanted`` (inputs not recorded yet count as agreeing)."""
+    return {**stored, "inputs": stored.get("inputs", wanted["inputs"])} == wanted
+
+
+def _to_claim(run: AgentRun, wanted: dict, alone: bool = True) -> bool:
     """Whether ``run``'s run.json is to be written with ``wanted`` (``claim_runs``); raises
-    ``RunSettingsError`` where its records were made otherwise."""
+    ``RunSettingsError`` where its records were made otherwise, ``RunClaimedError`` where another
+    process holds the label (not ``alone``) and run.json is not ``wanted`` (only a process alone
+    there writes it)."""
     if not run.settings_path.is_file():
         finished = len(run.finished())
         if finished:
@@ -303,13 +399,16 @@ def _to_claim(run: AgentRun, wanted: dict) -> bool:
                                    f"an older trajrag's, scored inside the goal region only ({_LEGACY_FORMAT}); they "
                                    f"would mix with episodes scored as {wanted['format']}: give another --label or "
                                    f"--out (the records are untouched)")
+        if not alone:
+            raise _claimed(run, "is claiming it")
         return True
     stored = read_run_settings(run.settings_path)
-    before_inputs = "inputs" not in stored
-    if {**stored, "inputs": stored.get("inputs", wanted["inputs"])} == wanted:
-        return before_inputs
+    if _agrees(stored, wanted):
+        return "inputs" not in stored and alone
     finished = len(run.finished())
     if not finished:  # a run that failed before its first episode (a bad path, a bad --set): nothing to mix
+        if not alone:
+            raise _claimed(run, f"walks it with other settings ({_settings_diff(stored, wanted)})")
         print(f"note: {run.settings_path}: its run finished no episode; claimed again with these settings "
               f"({_settings_diff(stored, wanted)})", file=sys.stderr)
         return True

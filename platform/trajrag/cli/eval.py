@@ -5,7 +5,8 @@ its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips
 episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
 ``--set`` values, memory and model, and what those held: ``agent.evaluate.run_inputs``) to
 ``<out>/<label>/run.json``: a resume with other settings, or on a memory, encoder or value that
-changed under the same path, is refused, so one label never mixes two configurations.
+changed under the same path, is refused, so one label never mixes two configurations; and while
+a process walks a label, another eval of it stops (``claim_runs``; the shards of one evaluation share it).
 ``<out>/results.md`` and ``results.csv`` tabulate every run found in ``<out>``, so ablations run
 one by one build one table.
 """
@@ -105,6 +106,8 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
     missing = [v for v in names if v and v not in variants]
     if missing:
         raise UserError(f"unknown variant(s) {missing}; known (configs/eval.yaml): {sorted(variants)}")
+    for variant in filter(None, names):
+        _check_variant(variant, variants[variant])
     paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
             ([f"retrieval.model_dir={args.model}"] if args.model else [])
     runs = []
@@ -116,6 +119,19 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
     if args.label and len(runs) > 1:
         raise UserError("--label names one run: give one planner and at most one variant")
     return runs
+
+
+def _check_variant(name: str, overrides: list[str]) -> None:
+    """A variant's overrides, checked as ``--set`` values are (``config.check_overrides``): eval
+    adds them itself after the command line was checked, and a typo in ``eval.variants`` would
+    otherwise change nothing (an unknown section is never loaded) or stop the run once its
+    folder is made."""
+    from trajrag import config
+
+    try:
+        config.check_overrides(overrides)
+    except config.ConfigError as exc:
+        raise config.ConfigError(f"variant {name!r} (eval.variants.{name}): {exc}") from None
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -150,17 +166,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     _check_value_models(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    claim_runs(out, {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs})
-    print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}", file=sys.stderr)
-    summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
-    for run in runs:
-        if run.label in summaries:  # done by the Ray job
-            continue
-        on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
-        summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim, episodes,
-                                 scenes, out, episode_cfg, progress=not args.json, on_episode=on_episode,
-                                 audit=audit)
-        summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
+    settings = {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs}
+    with claim_runs(out, settings, _records_name(ray_job)):  # held until every run is walked
+        print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}",
+              file=sys.stderr)
+        summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
+        for run in runs:
+            if run.label in summaries:  # done by the Ray job
+                continue
+            on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
+            summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim,
+                                     episodes, scenes, out, episode_cfg, progress=not args.json,
+                                     on_episode=on_episode, audit=audit)
+            summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
         (label,) = summaries
@@ -197,6 +215,14 @@ def _check_value_models(runs: list[EvalRun]) -> None:
 
 def _distributed(args: argparse.Namespace) -> bool:
     return bool(args.distributed or args.workers is not None or args.shard or args.ray_address)
+
+
+def _records_name(ray_job: tuple | None) -> str:
+    """The records file this process appends to in each run folder: a shard's own under ``--shard``
+    (``claim_runs`` lets the shards of one evaluation share a label)."""
+    from trajrag.distributed.evaluate import ShardedRun
+
+    return ShardedRun("", Path(), ray_job[0] if ray_job else None).records.name
 
 
 def _ray_job(args: argparse.Namespace) -> tuple:

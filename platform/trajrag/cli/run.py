@@ -235,15 +235,15 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
     sim = GridSimulator(sim_cfg)
     say(f"[4/5] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
-    claim_runs(out, {name: run_settings(name, overrides) for name in agents})
     summaries = {}
-    for name in agents:
-        if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
-            summaries[name] = evaluate_ray(name, name, scenes, episodes, out, overrides, workers=cfg.workers,
-                                           progress=not args.json)
-        else:
-            summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim, episodes,
-                                             scenes, out, episode_cfg, progress=not args.json)
+    with claim_runs(out, {name: run_settings(name, overrides) for name in agents}):  # held while they walk
+        for name in agents:
+            if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
+                summaries[name] = evaluate_ray(name, name, scenes, episodes, out, overrides, workers=cfg.workers,
+                                               progress=not args.json)
+            else:
+                summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim,
+                                                 episodes, scenes, out, episode_cfg, progress=not args.json)
     table = write_results_table(summaries, out)
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
     if "trajrag" in agents:
