@@ -282,7 +282,7 @@ def _line_of_sight_region(scene: Scene, objects: np.ndarray, success_distance: f
     object's outline only: a ray to an inner cell crosses an outline cell first, nearer."""
     wall = ~scene.floor & (scene.instance_map == 0)
     outline = np.argwhere(objects & ~ndimage.binary_erosion(objects))
-    reach = int(math.floor(success_distance / scene.cell_size + 1e-9))
+    reach = int(math.floor(success_distance / scene.cell_size * (1.0 + _FLOAT_SLACK)))  # 1 m / 0.05 m: 20, not 19
     pad = reach + 1
     wall = np.pad(wall, pad, constant_values=True)
     seen = np.zeros(wall.shape, dtype=bool)
