@@ -130,13 +130,14 @@ class Navigator:
         sem, pose = self.builder.map, obs.pose
         goal_cells = self._mapped_goal_cells()
         if goal_cells is not None:
-            distances = np.linalg.norm(goal_cells - pose.xy, axis=1)
+            goal_xy = sem.to_xy(goal_cells)
+            distances = np.linalg.norm(goal_xy - pose.xy, axis=1)
             if distances.min() <= self.cfg.stop_distance_m:
                 return self._stop("goal_in_reach")
             if self._goal_worth_trying(pose.xy):
-                target = self._stop_place(pose.xy)
+                target = self._stop_place(pose.xy, goal_cells)
                 if target is None:
-                    target = self._approach_target(goal_cells, distances)
+                    target = self._approach_target(goal_xy, distances)
                 result = self.policy.act(sem, pose, target)
                 if result.action is not None:
                     return result.action
@@ -147,23 +148,17 @@ class Navigator:
                 self.waypoint = None
         return self._explore(obs)
 
-    def _stop_place(self, xy: np.ndarray) -> Optional[np.ndarray]:
+    def _stop_place(self, xy: np.ndarray, cells: np.ndarray) -> Optional[np.ndarray]:
         """Where to walk to STOP by the mapped goal (map-frame metres): of the cells within
-        ``stop_distance_m`` of a mapped goal cell, by a way round mapped obstacles, where the agent
-        can stand, the one it reaches by the cheapest path; ``None`` if it reaches none.
+        ``stop_distance_m`` of a mapped goal cell (``cells``: (row, col), ``_mapped_goal_cells``),
+        by a way round mapped obstacles, where the agent can stand, the one it reaches by the
+        cheapest path; ``None`` if it reaches none.
         The approach walks to the nearest goal cell, that is to the free cell nearest it, and for
         an object against a wall that can be on its unseen far side: the plan then runs round
         through unknown space, and on Gibson agents chased such places for 60-320 steps until the
         budget ran out (a TV on a stand at Wainscott, plants at Allensville: 9 of nearest frontier's
         84 failures in the Gibson cross-validation had mapped the goal before step 400)."""
         sem = self.builder.map
-        bbox = sem.explored_bbox()
-        if bbox is None:
-            return None
-        cells = np.argwhere(sem.objects[self.goal_channel, bbox[0]:bbox[1], bbox[2]:bbox[3]])
-        if len(cells) == 0:  # objects are only mapped inside the explored area
-            return None
-        cells += np.array([bbox[0], bbox[2]])
         reach = int(math.ceil(self.cfg.stop_distance_m / sem.cell_size))
         r0, c0 = np.maximum(cells.min(axis=0) - reach, 0)
         r1, c1 = np.minimum(cells.max(axis=0) + reach + 1, sem.shape)
@@ -363,7 +358,7 @@ class Navigator:
         return any(np.linalg.norm(frontier.centroid_xy - p) <= self.cfg.blacklist_radius_m for p in places)
 
     def _mapped_goal_cells(self) -> Optional[np.ndarray]:
-        """Map-frame metres (N, 2) of the mapped goal cells, once enough are mapped (else None)."""
+        """Map cells (N, 2; row, col) of the mapped goal, once enough are mapped (else None)."""
         sem = self.builder.map
         bbox = sem.explored_bbox()
         if bbox is None:
@@ -372,7 +367,7 @@ class Navigator:
         cells = np.argwhere(sem.objects[self.goal_channel, r0:r1, c0:c1])
         if len(cells) < self.cfg.goal_min_cells:
             return None
-        return sem.to_xy(cells + np.array([r0, c0]))
+        return cells + np.array([r0, c0])
 
     def topo_trajectory(self, success: bool, with_place: bool = False):
         """The finished episode as a topo-polar trajectory (for export and the memory; with its
