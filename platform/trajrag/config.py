@@ -89,19 +89,24 @@ def load(section: str, overrides: Sequence[str] = ()) -> Any:
     ``overrides`` are ``section.key=value`` strings (``sim.width=160``); overrides for other
     sections (or without a section) are ignored, so one list can be passed to every section.
     """
+    own = [o[len(section) + 1 :] for o in overrides if o.startswith(section + ".")]
+    merged = _merged(section, own)
+    try:
+        return OmegaConf.to_object(merged)
+    except (OmegaConfBaseException, ValueError) as exc:  # ValueError: a schema's own check (__post_init__)
+        raise ConfigError(f"{config_dir() / f'{section}.yaml'}: {_one_line(exc, section)}") from None
+
+
+def _merged(section: str, own: Sequence[str] = ()) -> DictConfig:
+    """``configs/<section>.yaml`` over its schema, with ``own`` dotted overrides (``key=value``,
+    the section's name stripped) on top; unconverted, so free-form mappings stay ``dict``."""
     schema = _schema(section)
     path = config_dir() / f"{section}.yaml"
     if not path.is_file():
         raise ConfigError(f"config file {path} not found (section {section!r})")
-    own = [o[len(section) + 1 :] for o in overrides if o.startswith(section + ".")]
     try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(schema),
-            OmegaConf.load(path),
-            OmegaConf.from_dotlist(list(own)),
-        )
-        return OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as exc:  # ValueError: a schema's own check (__post_init__)
+        return OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path), OmegaConf.from_dotlist(list(own)))
+    except (OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"{path}: {_one_line(exc, section)}") from None
 
 
@@ -134,7 +139,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
                               f"(no {config_dir() / (section + '.yaml')}){hint}")
         by_section.setdefault(section, []).append(override)
     for section, own in by_section.items():
-        tree = _defaults_tree(section)
+        tree = _merged(section)
         for override in own:
             _check_key(tree, section, override)
         try:
@@ -151,15 +156,6 @@ def _culprit(section: str, own: list[str]) -> str:
         except ConfigError:
             return repr(override)
     return " + ".join(map(repr, own))
-
-
-def _defaults_tree(section: str) -> DictConfig:
-    """``configs/<section>.yaml`` over its schema, unconverted (free-form mappings stay ``dict``)."""
-    path = config_dir() / f"{section}.yaml"
-    try:
-        return OmegaConf.merge(OmegaConf.structured(_schema(section)), OmegaConf.load(path))
-    except (OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(f"{path}: {_one_line(exc, section)}") from None
 
 
 def _check_key(tree: DictConfig, section: str, override: str) -> None:
