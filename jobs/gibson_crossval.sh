@@ -33,7 +33,8 @@
 #            V_P's experience table). docs/results.md, "The value refined on its own rollouts":
 #            120 homes gave +0.6 SPL, too few to tell; thousands need a cluster, about 21
 #            core-seconds a decision: WORKERS=64 ROLLOUT_HOMES=2000 RAY_ADDRESS=auto, and a LABEL
-#            of its own (a label keeps the settings it was first run with)
+#            of its own (a label keeps the settings it was first run with). An interrupted walk
+#            resumes with the homes it had not finished (`value fit --save-decisions` keeps each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

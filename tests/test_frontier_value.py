@@ -137,6 +137,78 @@ def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_
         _fit([blind])
 
 
+def test_a_value_walk_that_dies_keeps_the_scenes_it_walked_and_the_rerun_walks_only_the_rest(
+        tmp_path, capsys, monkeypatch):
+    """A rollout fit walks for hours: --save-decisions keeps each scene as it is walked
+    (D.npz.parts/), a re-run walks only the scenes not kept, and one with other settings is
+    refused rather than mixed in. Once all are in, D.npz is written and the parts go."""
+    from trajrag.agent import value_data
+    from trajrag.agent.value_parts import DecisionParts
+
+    kept = tmp_path / "decisions.npz"
+    walk = ["value", "fit", "--scenes", "procedural:train:2", "--episodes", "generated:1",
+            "--out", str(tmp_path / "v.json"), "--save-decisions", str(kept), "--json",
+            *[a for o in (*FAST_SIM, "episodes.max_steps=200") for a in ("--set", o)]]
+    walked_scenes = []
+    real_run = value_data.run_episode
+
+    def dies_in_the_second_home(sim, agent, episode, scene, cfg=None):
+        walked_scenes.append(scene.name)
+        if scene.name == "procedural/train/0001":
+            raise RuntimeError("the node went away")
+        return real_run(sim, agent, episode, scene, cfg=cfg)
+
+    monkeypatch.setattr(value_data, "run_episode", dies_in_the_second_home)
+    with pytest.raises(RuntimeError, match="the node went away"):
+        main(walk)
+    parts = DecisionParts(kept, {})
+    assert not kept.exists() and parts.path("procedural/train/0000").exists()
+    assert not parts.path("procedural/train/0001").exists()
+    first, _, _ = load_decisions(parts.path("procedural/train/0000"))
+    assert first and {d.scene for d in first} == {"procedural/train/0000"}
+
+    # Other settings would mix two walks in one fit: refused, naming what differs; nothing lost.
+    assert main([*walk, "--set", "episodes.max_steps=150"]) == 2
+    err = capsys.readouterr().err
+    assert "walked with other settings" in err and "episodes.max_steps=150" in err
+    assert parts.path("procedural/train/0000").exists()
+
+    walked_scenes.clear()
+    monkeypatch.setattr(value_data, "run_episode", lambda sim, agent, episode, scene, cfg=None: (
+        walked_scenes.append(scene.name), real_run(sim, agent, episode, scene, cfg=cfg))[1])
+    assert main(walk) == 0
+    assert walked_scenes == ["procedural/train/0001"]  # the first home was not walked again
+    assert json.loads(capsys.readouterr().out)["scenes"] == 2
+    decisions, _, _ = load_decisions(kept)
+    assert [d.scene for d in decisions[:len(first)]] == [d.scene for d in first]
+    for a, b in zip(first, decisions):
+        np.testing.assert_array_equal(a.features, b.features)
+    assert {d.scene for d in decisions} == {"procedural/train/0000", "procedural/train/0001"}
+    assert not parts.folder.exists()
+
+
+def test_a_scene_that_fails_on_ray_is_named_after_the_others_are_handed_on(ray_session):
+    """One Ray task per scene: a scene whose walk raises must not take the finished ones with it."""
+    import dataclasses
+
+    from trajrag.agent.value_parts import ValueWalkError
+    from trajrag.distributed.value_decisions import collect_value_decisions_ray
+    from trajrag.world.datasets import load_episodes, load_scenes
+
+    overrides = [*FAST_SIM, "episodes.max_steps=100"]
+    scenes = load_scenes("procedural:train:2", overrides)
+    episodes = load_episodes("generated:1", scenes, overrides)
+    broken = [e if e.scene_key == scenes[0].name else dataclasses.replace(e, start_position=[-50.0, 0.0, -50.0])
+              for e in episodes]
+    handed_on = []
+    with pytest.raises(ValueWalkError, match=r"1 of 2 scenes failed \(procedural/train/0001: .*traversable"):
+        collect_value_decisions_ray(scenes, broken, list(config.load("episodes").goal_categories),
+                                    config.load("sim", overrides), config.load("episodes", overrides),
+                                    config.load("audit", overrides), config.load("value", overrides), overrides,
+                                    progress=False, on_scene=lambda name, found, vocabulary: handed_on.append(name))
+    assert handed_on == [scenes[0].name]
+
+
 def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory, ray_session):
     out, kept = tmp_path / "value.json", tmp_path / "decisions.npz"
     walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1",

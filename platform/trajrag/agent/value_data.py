@@ -13,7 +13,7 @@ collectors record the same decisions (``ValueDecisionRecorder``) and the memory 
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -26,6 +26,10 @@ from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
 from trajrag.world.scene import Scene
 from trajrag.world.sim import GridSimulator
+
+
+# on_scene(scene name, its decisions, the agent's vocabulary): a scene's walks are all done.
+SceneDone = Callable[[str, list[ValueDecision], list[str]], None]
 
 
 class ValueDecisionRecorder:
@@ -60,29 +64,42 @@ class ValueDecisionRecorder:
 
 def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNavEpisode], goals: Sequence[str],
                             sim_cfg, episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig,
-                            overrides: Sequence[str] = (), progress: bool = True) -> tuple[list[ValueDecision], list[str]]:
+                            overrides: Sequence[str] = (), progress: bool = True,
+                            on_scene: Optional[SceneDone] = None) -> tuple[list[ValueDecision], list[str]]:
     """Walk every episode with ``cfg.walker`` (nearest frontier, or the value planner of
     ``scoring.value_model``) and record its decisions; returns them and the agent's vocabulary
     (the model's object columns). With ``cfg.target`` rollout, only the sampled decisions of each
-    walk, their costs rolled out (``agent/rollouts.py``)."""
+    walk, their costs rolled out (``agent/rollouts.py``).
+
+    Episodes are walked scene after scene, in the order of ``scenes``; ``on_scene(name,
+    decisions, vocabulary)`` is called as each scene is done (``agent/value_parts.py`` keeps them)."""
     make_agent = make_frontier_agent if cfg.walker == "frontier" else make_value_agent
     agent = make_agent(sim_cfg, overrides)
+    vocabulary = list(agent.builder.vocabulary)
     sim = GridSimulator(sim_cfg)
-    by_name = {scene.name: scene for scene in scenes}
     recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)
     rollouts = RolloutStats()
     agent.decision_observer = recorder
+    by_scene: dict[str, list[ObjectNavEpisode]] = {}
+    for episode in episodes:
+        by_scene.setdefault(episode.scene_key, []).append(episode)
     decisions: list[ValueDecision] = []
-    for episode in tqdm(episodes, desc=f"value decisions ({cfg.target})", unit="ep", disable=not progress):
-        scene = by_name[episode.scene_key]
-        if cfg.target == "rollout":
-            decisions += rollout_decisions(agent, sim, scene, episode, episode_cfg, recorder,
-                                           cfg.rollout_decisions_per_episode, rollouts)
-            continue
-        recorder.start(scene, episode)
-        run_episode(sim, agent, episode, scene, cfg=episode_cfg)
-        decisions += recorder.take()
+    with tqdm(total=len(episodes), desc=f"value decisions ({cfg.target})", unit="ep", disable=not progress) as bar:
+        for scene in (scene for scene in scenes if scene.name in by_scene):
+            found: list[ValueDecision] = []
+            for episode in by_scene[scene.name]:
+                if cfg.target == "rollout":
+                    found += rollout_decisions(agent, sim, scene, episode, episode_cfg, recorder,
+                                               cfg.rollout_decisions_per_episode, rollouts)
+                else:
+                    recorder.start(scene, episode)
+                    run_episode(sim, agent, episode, scene, cfg=episode_cfg)
+                    found += recorder.take()
+                bar.update(1)
+            if on_scene is not None:
+                on_scene(scene.name, found, vocabulary)
+            decisions += found
     if rollouts.replay_mismatches:
         warnings.warn(f"{rollouts.replay_mismatches} rolled-out decisions dropped: replaying the walker's own "
                       f"choice did not repeat its walk (is the walker deterministic?): {rollouts.mismatched[:5]}")
-    return decisions, list(agent.builder.vocabulary)
+    return decisions, vocabulary

@@ -32,6 +32,7 @@ class UserError(Exception):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
     from trajrag.agent.evaluate import RecordsError, RunClaimedError, RunSettingsError
+    from trajrag.agent.value_parts import ValueWalkError
     from trajrag.memory.store import StoreError
     from trajrag.planners.chat import ChatError
     from trajrag.planners.frontier_value import ValueModelError
@@ -40,7 +41,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from trajrag.world.datasets import DATA_ERRORS
 
     return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError,
-            RunClaimedError, RecordsError, ExperienceError, ChatError, LLMPlannerError, *DATA_ERRORS)
+            RunClaimedError, RecordsError, ExperienceError, ChatError, LLMPlannerError, ValueWalkError, *DATA_ERRORS)
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

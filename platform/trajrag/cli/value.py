@@ -9,9 +9,10 @@ the scenes, reports how it ranks the held-out decisions next to nearest frontier
 every scene and writes the model. The scoring planner uses it with ``--set
 scoring.value_model=VALUE.json``.
 
-``--save-decisions D.npz`` keeps the walked decisions; instead of walking, ``--decisions
-D1.npz,D2.npz`` fits on kept ones and ``--store M1,M2`` on the decisions memories kept from their
-corpora's exploration walks, both together when given (procedural and Gibson homes, say).
+``--save-decisions D.npz`` keeps the walked decisions (scene by scene as they are walked, so a
+re-run resumes); instead of walking, ``--decisions D1.npz,D2.npz`` fits on kept ones and
+``--store M1,M2`` on the decisions memories kept from their corpora's exploration walks, both
+together when given (procedural and Gibson homes, say).
 ``--workers N`` walks the scenes as parallel Ray tasks (``distributed.value_decisions``).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -55,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "(comma-separated .npz files; with --store too, on all of them)")
     fit.add_argument("--store", help="fit on the decisions the memories at STORE kept from their exploration "
                      "walks (comma-separated; trajrag corpus build, corpus.keep_value_decisions) instead of walking")
-    fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file")
+    fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file; each scene is "
+                     "kept in FILE.parts/ as it is walked, so the same command after a crash or a failed scene "
+                     "walks only the scenes not kept yet")
     fit.add_argument("--out", required=True, help="model file to write (JSON)")
     fit.add_argument("--workers", type=int, default=0,
                      help="walk the scenes as parallel Ray tasks on this many CPUs (0: one process, no Ray); "
@@ -115,9 +119,13 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
 
     workers: 0 walks in this process; >= 1 walks each scene as a Ray task (``value_ray``:
     the running Ray, ``ray_address``, or a local one, started once the scenes and episodes have
-    loaded; ``distributed.value_decisions``; same decisions, in the same order)."""
+    loaded; ``distributed.value_decisions``; same decisions, in the same order).
+
+    With ``save_decisions``, each scene is kept as it is walked and a re-run walks only the scenes
+    not kept yet (``agent/value_parts.py``)."""
     from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
+    from trajrag.agent.value_parts import DecisionParts, ValueWalkError
     from trajrag.planners.frontier_value import save_decisions as keep
     from trajrag.world.datasets import load_episodes, load_scenes
 
@@ -133,11 +141,34 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     collect = collect_value_decisions
     if workers > 0:
         from trajrag.distributed.value_decisions import collect_value_decisions_ray as collect
-    with value_ray(workers, ray_address):
-        decisions, vocabulary = collect(scenes, episodes, goals, config.load("sim", overrides), episode_cfg,
-                                        config.load("audit", overrides), value_cfg, overrides, progress=progress)
+    with_episodes = {episode.scene_key for episode in episodes}
+    walked = [scene.name for scene in scenes if scene.name in with_episodes]
+    parts = on_scene = None
     if save_decisions:
+        parts = DecisionParts(save_decisions, {"scenes": scenes_spec, "episodes": episodes_spec,
+                                               "overrides": list(overrides)})
+        kept = parts.open(walked)
+        on_scene = functools.partial(parts.keep, goals=goals)
+        if kept and progress:
+            print(f"resuming: {len(kept)} of {len(walked)} scenes already walked in {parts.folder}", file=sys.stderr)
+        scenes = [scene for scene in scenes if scene.name not in kept]
+    to_walk = {scene.name for scene in scenes}
+    todo = [episode for episode in episodes if episode.scene_key in to_walk]
+    if todo:
+        try:
+            with value_ray(workers, ray_address):
+                decisions, vocabulary = collect(scenes, todo, goals, config.load("sim", overrides), episode_cfg,
+                                                config.load("audit", overrides), value_cfg, overrides,
+                                                progress=progress, on_scene=on_scene)
+        except ValueWalkError as err:
+            if parts is None:
+                raise
+            raise ValueWalkError(f"{err}. The scenes walked are kept in {parts.folder}: the same command walks "
+                                 f"only the rest") from None
+    if parts is not None:
+        decisions, vocabulary, goals = parts.gather(walked)
         keep(save_decisions, decisions, vocabulary, goals)
+        parts.remove()
     return fit_and_write(decisions, vocabulary, goals, out, overrides,
                          {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec,
                           "walker": value_cfg.walker})
