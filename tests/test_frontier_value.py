@@ -172,6 +172,10 @@ def test_a_value_walk_that_dies_keeps_the_scenes_it_walked_and_the_rerun_walks_o
     err = capsys.readouterr().err
     assert "walked with other settings" in err and "episodes.max_steps=150" in err
     assert parts.path("procedural/train/0000").exists()
+    # A folder that keeps no scene yet (its walk failed at once: a typo) takes the new settings.
+    empty = DecisionParts(tmp_path / "other.npz", {"overrides": ["a typo"]})
+    assert empty.open(["x"]) == set()
+    assert DecisionParts(tmp_path / "other.npz", {"overrides": ["fixed"]}).open(["x"]) == set()
 
     walked_scenes.clear()
     monkeypatch.setattr(value_data, "run_episode", lambda sim, agent, episode, scene, cfg=None: (

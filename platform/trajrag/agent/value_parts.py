@@ -5,8 +5,8 @@ about 21 core-seconds a decision). ``trajrag value fit --save-decisions D.npz`` 
 scene in ``D.npz.parts/`` (one decisions file per scene, written whole or not at all). A killed
 run, a lost node or a scene that raises then loses only the scenes still being walked, and the
 same command resumes, walking only the scenes without a file. The settings the files were walked
-with are kept beside them (``settings.json``) and a resume with other settings is refused: mixing
-two walkers' decisions in one fit would go unnoticed. Once every scene is in, ``D.npz`` is written
+with are kept beside them (``settings.json``) and a resume with other settings is refused once a
+scene is kept: mixing two walkers' decisions in one fit would go unnoticed. Once every scene is in, ``D.npz`` is written
 and the folder is removed.
 """
 
@@ -41,16 +41,16 @@ class DecisionParts:
 
     def open(self, scenes: Sequence[str]) -> set[str]:
         """Create the folder, or check the settings of one made before; returns which of
-        ``scenes`` are already kept. ``ValueWalkError`` when the settings differ."""
+        ``scenes`` are already kept. ``ValueWalkError`` when the settings differ and a scene is
+        kept (a folder that keeps none, from a walk that failed at once, takes the new settings)."""
         path = self.folder / SETTINGS_FILE
-        if path.exists():
-            kept = json.loads(path.read_text())
-            if kept != self.settings:
-                differ = sorted(k for k in set(kept) | set(self.settings) if kept.get(k) != self.settings.get(k))
-                said = "; ".join(f"{k}: {kept.get(k)!r} there, {self.settings.get(k)!r} now" for k in differ)
-                raise ValueWalkError(f"{self.folder}: its decisions were walked with other settings ({said}): "
-                                     f"resume with those, or delete the folder, or give another --save-decisions")
-        else:
+        stored = json.loads(path.read_text()) if path.exists() else None
+        if stored is not None and stored != self.settings and any(self.folder.glob("*.npz")):
+            differ = sorted(k for k in set(stored) | set(self.settings) if stored.get(k) != self.settings.get(k))
+            said = "; ".join(f"{k}: {stored.get(k)!r} there, {self.settings.get(k)!r} now" for k in differ)
+            raise ValueWalkError(f"{self.folder}: its decisions were walked with other settings ({said}): "
+                                 f"resume with those, or delete the folder, or give another --save-decisions")
+        if stored != self.settings:
             self.folder.mkdir(parents=True, exist_ok=True)
             _write_whole(path, (json.dumps(self.settings, indent=2) + "\n").encode())
         return {scene for scene in scenes if self.path(scene).exists()}
