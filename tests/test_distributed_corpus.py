@@ -70,6 +70,19 @@ def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_p
     assert_exactly_once(tmp_path / "store", planned)
 
 
+def test_trajectories_reach_the_memory_in_plan_order_whatever_order_collectors_finish(ray_session, tmp_path):
+    """Grouping depends on the order of insertion: a crashed collector's episodes come back late,
+    yet the writer must see the plan's order, or two builds of one plan give two memories."""
+    scenes = load_scenes(SCENES, TINY)
+    cfg = config.load("episodes", TINY)
+    in_plan_order = [trajectory_id(e, POLICY) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)]
+    marker = tmp_path / "collector-crashed"
+    summary = build(tmp_path / "store", FaultPlan(str(marker), collector_exit_after_episodes=1))
+    assert marker.exists() and summary["faults"]["episodes_requeued"] >= 1
+    decided = MemoryStore(str(tmp_path / "store"), read_only=True).read(DECISIONS, ["trajectory_id"])
+    assert decided.column("trajectory_id").to_pylist() == in_plan_order
+
+
 def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path):
     # Exploration walks: their decisions (for the frontier value) go through the writer too.
     planned = planned_ids("explore")

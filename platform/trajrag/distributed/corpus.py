@@ -15,6 +15,9 @@ a Ray cluster:
   ``CONVERSION_STAYS_IN_THE_COLLECTOR``.
 * **Insert.** One ``GroupingWriter`` actor holds the ``memory.grouping.TrajectoryMemory`` (the
   memory is single-writer) and inserts a batch per call: one ``insert_many``, one LanceDB commit.
+  Trajectories reach it in plan order, whatever order the collectors finish them in: grouping
+  depends on the order of insertion, so one plan builds one memory, with any number of
+  collectors and through crashes.
 * **Backpressure.** At most ``shards_in_flight`` shards per collector, at most
   ``max_unconsumed_episodes`` streamed ahead of the driver per shard, at most
   ``writer_batch`` trajectories waiting in the driver and ``max_unacked_batches`` writer calls
@@ -271,6 +274,12 @@ class _Pipeline:
         self.actors = [make_collector() for _ in range(min(cfg.collectors, len(self.queue)))]
         self.slots = [SlotStats() for _ in self.actors]
         self.runs: dict[Any, ShardRun] = {}
+        # Trajectories go to the writer in plan order (``todo``), whatever order the collectors
+        # finish them in: grouping depends on the order of insertion, so the same plan builds
+        # the same memory with any number of collectors, crashes or not. ``held`` keeps those
+        # that came early (~1 KB each; a few shards' worth).
+        self.order, self.released = list(todo), 0
+        self.held: dict[int, tuple[str, EpisodeItem]] = {}
         self.buffer: list[tuple[str, EpisodeItem]] = []
         self.unacked: dict[Any, _Batch] = {}
         self.resend: list[_Batch] = []
@@ -285,7 +294,10 @@ class _Pipeline:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        while self.queue or self.runs or self.buffer or self.unacked or self.resend:
+        while self.queue or self.runs or self.held or self.buffer or self.unacked or self.resend:
+            if self.held and not (self.queue or self.runs):
+                raise CorpusJobError(f"internal: {len(self.held)} collected trajectories wait for episode "
+                                     f"{self.order[self.released]}, which is neither collected nor failed")
             self._ping_down()
             self._submit_shards()
             self._send_batch()
@@ -415,18 +427,31 @@ class _Pipeline:
         if item.error:
             self.failed[tid] = item.error
             self.bar.update(1)
+            self._release()
             return
         if item.index in self.delivered:  # a retried shard repeated an episode: keep one
             self.counts["duplicates_dropped"] += 1
             return
         self.delivered.add(item.index)
-        self.buffer.append((tid, item))
+        self.held[item.index] = (tid, item)
+        self._release()
         stats = self.slots[run.slot]
         stats.episodes += 1
         stats.busy_s += item.seconds
         stats.cpu_s += item.cpu_seconds
         self.counts["collected"] += 1
         self.bar.update(1)
+
+    def _release(self) -> None:
+        """Move the held trajectories that are next in plan order to the writer's buffer, skipping
+        episodes that failed for good."""
+        while self.released < len(self.order):
+            index = self.order[self.released]
+            if index in self.held:
+                self.buffer.append(self.held.pop(index))
+            elif self.ids[index] not in self.failed:
+                return
+            self.released += 1
 
     def _requeue(self, run: ShardRun, reason: str) -> None:
         """The unfinished episodes of ``run`` go back to the front, one per shard."""
@@ -439,6 +464,7 @@ class _Pipeline:
             else:
                 self.queue.appendleft(Shard([index], attempts))
                 self.counts["episodes_requeued"] += 1
+        self._release()
 
     # -- the writer -------------------------------------------------------------------------
     def _on_ack(self, ref: Any) -> None:
