@@ -81,6 +81,17 @@ def test_trajectories_reach_the_memory_in_plan_order_whatever_order_collectors_f
     assert marker.exists() and summary["faults"]["episodes_requeued"] >= 1
     decided = MemoryStore(str(tmp_path / "store"), read_only=True).read(DECISIONS, ["trajectory_id"])
     assert decided.column("trajectory_id").to_pylist() == in_plan_order
+    # One process walks the plan in order: the same memory, chunk for chunk and group for group.
+    from trajrag.cli.corpus import build_corpus
+
+    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), TINY, progress=False)
+    assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
+
+
+def _groups(store) -> list[tuple[str, int]]:
+    db = MemoryStore(str(store), read_only=True)
+    return sorted((r["trajectory_id"], int(r["group_id"]))
+                  for r in db.resolve_chunks(db.read(CHUNKS, ["trajectory_id", "group_id"]), db.group_aliases()))
 
 
 def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path):

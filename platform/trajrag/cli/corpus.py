@@ -155,10 +155,11 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
         t = time.perf_counter()
         # Decisions before trajectories: a walk whose chunk is stored has its decisions (memory.value_log).
         value_log.append((i.trajectory_id, i.value_decisions) for i in batch if i.value_decisions is not None)
-        for policy_name in sorted({item.policy for item in batch}):
-            # the memory keys a trajectory scene/episode/policy, as collect.trajectory_id does
-            done = memory.insert_many([i.trajectory for i in batch if i.policy == policy_name], policy=policy_name)
-            decisions.update(d.action for d in done)
+        # Keyed as collect.trajectory_id keys them and inserted in plan order, as the Ray writer
+        # does (distributed/corpus.py): grouping depends on the order, so both build one memory.
+        for item in batch:
+            item.trajectory.trajectory_id, item.trajectory.policy = item.trajectory_id, item.policy
+        decisions.update(d.action for d in memory.insert_many([item.trajectory for item in batch]))
         insert_s += time.perf_counter() - t
 
     for episode in todo:
