@@ -17,6 +17,7 @@ import ray
 from tqdm import tqdm
 
 from trajrag.agent.value_parts import ValueWalkError
+from trajrag.distributed.shards import first_line
 from trajrag.planners.frontier_value import ValueDecision
 
 if TYPE_CHECKING:  # the walking code is imported by the tasks, not by the driver
@@ -58,7 +59,7 @@ def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], 
             try:
                 results[name] = ray.get(done[0])
             except ray.exceptions.RayError as err:
-                failed[name] = _last_line(err)
+                failed[name] = first_line(err)
                 continue
             if on_scene is not None:
                 on_scene(name, *results[name])
@@ -75,9 +76,3 @@ def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], 
     if len(vocabularies) > 1:
         raise RuntimeError(f"value decisions: the Ray tasks' agents have different vocabularies {vocabularies}")
     return decisions, list(vocabularies.pop()) if vocabularies else []
-
-
-def _last_line(err: Exception) -> str:
-    """The last line of a task's error (the exception itself; Ray prepends the remote traceback)."""
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(err).__name__
