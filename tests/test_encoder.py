@@ -290,6 +290,12 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
     # wandb's import-time temporary folders go with the run: a killed Ray worker never removes
     # them, and in /tmp every training run would leave two behind.
     assert list(Path(result.run_path).glob("**/*wandb-media")), "wandb's temporary folders not in the run"
+    # Dropout and crops are seeded by (seed, epoch, rank): the run that lost a worker trained the
+    # very weights an uninterrupted run of the same config trains.
+    train_encoder(store_uri, tmp_path / "uninterrupted", cfg, workers=2)
+    resumed, uninterrupted = load_state(out / WEIGHTS), load_state(tmp_path / "uninterrupted" / WEIGHTS)
+    for name in resumed:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], rtol=0, atol=0, msg=name)
 
     code = main(["encoder", "eval", "--store", store_uri, "--model", str(out), "--json",
                  "--set", f"encoder.node.model_dir={tiny_node_dir}"])

@@ -53,6 +53,8 @@ TRAIN_LOG = "train.json"
 _CKPT_WEIGHTS = "model.safetensors"
 _CKPT_OPTIM = "optimizer.safetensors"
 _CKPT_STATE = "state.json"
+# Keeps the dropout seeds apart from the crop generator, which (seed, epoch, rank) alone seeds.
+_DROPOUT_STREAM = 1
 
 
 @dataclass
@@ -226,6 +228,17 @@ def _epoch(model, opt, data: EncodedSet, batches, cfg: EncoderConfig, rank: int,
     return total, count
 
 
+def _seed_epoch(seed: int, epoch: int, rank: int) -> np.random.Generator:
+    """Seed this worker's dropout (torch's global generator) for ``epoch`` and return its crop
+    generator. Both come from (seed, epoch, rank), not from the worker process: two runs of one
+    config train the same weights, and a run resumed from a checkpoint after a lost worker trains
+    the weights the uninterrupted run would have."""
+    import torch
+
+    torch.manual_seed(int(np.random.SeedSequence([seed, epoch, rank, _DROPOUT_STREAM]).generate_state(1)[0]))
+    return np.random.default_rng([seed, epoch, rank])
+
+
 def train_loop_per_worker(config: dict) -> dict:
     """The Ray Train worker function (``config``: cfg dict, data ref, run name, folders, fault)."""
     import ray
@@ -261,7 +274,7 @@ def train_loop_per_worker(config: dict) -> dict:
                                               cfg.train.positive_fallback)
             batches = worker_batches(anchors, positives, cfg.train.batch_size, rank, world)
             start = time.perf_counter()
-            crop_rng = np.random.default_rng([cfg.train.seed, epoch, rank])
+            crop_rng = _seed_epoch(cfg.train.seed, epoch, rank)
             total, count = _epoch(model, opt, data, batches, cfg, rank, world, device, crop_rng)
             seconds = time.perf_counter() - start
             if world > 1:
