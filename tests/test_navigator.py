@@ -122,13 +122,15 @@ def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
 
 
-def walk_gibson_episode(gibson_train_path, scene: str, episodes: str, number: int):
+def walk_gibson_episode(gibson_train_path, scene: str, episodes: str, number: int, overrides=()):
     """Nearest frontier walks episode ``gibson/<scene>/0:<number>`` of ``episodes`` at the default
     resolution, as in the cross-validation: ``(agent, result)``."""
-    scenes = load_scenes(f"{gibson_train_path}@held_out", [f"gibson.held_out_scenes=[{scene}]"])
-    episode = next(e for e in load_episodes(episodes, scenes) if e.episode_id == f"gibson/{scene}/0:{number}")
-    sim_cfg = config.load("sim")
-    agent = make_frontier_agent(sim_cfg)
+    overrides = [f"gibson.held_out_scenes=[{scene}]", *overrides]
+    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
+    episode = next(e for e in load_episodes(episodes, scenes, overrides)
+                   if e.episode_id == f"gibson/{scene}/0:{number}")
+    sim_cfg = config.load("sim", overrides)
+    agent = make_frontier_agent(sim_cfg, overrides)
     floor = next(s for s in scenes if s.name == episode.scene_key)
     return agent, run_episode(GridSimulator(sim_cfg), agent, episode, floor)
 
@@ -164,6 +166,18 @@ def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_tra
     assert agent.stats.stop_reason != "no_frontier_left", f"stopped at step {result.metrics.steps}"
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
     assert agent.blacklist_resets <= 1
+
+
+def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_stops(gibson_train_path):
+    # Gibson Hiteman's bed, seed 0 episode 7 with line-of-sight goal regions: the way out of the
+    # start room runs between a wall end and a refrigerator whose mapped edge lies a cell or two
+    # into the gap, and the agent radius's inflation closed it. Resets spent, the agent STOPped at
+    # step 27 with the home unexplored. Planning with walled_in_clearance_m it gets out.
+    agent, result = walk_gibson_episode(gibson_train_path, "Hiteman", "generated:10:0", 7,
+                                        ["episodes.goal_region=line_of_sight"])
+    assert agent.stats.clearance_narrowed
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason, result.metrics.steps)
+    assert agent.policy.inflation_m == config.load("navigator").walled_in_clearance_m
 
 
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):

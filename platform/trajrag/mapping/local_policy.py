@@ -139,12 +139,23 @@ class LocalPolicy:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the plan, the collision layer, the trail and the motion history (new episode)."""
+        """Forget the plan, the collision layer, the trail and the motion history (new episode),
+        and plan with the configured inflation again."""
+        self.inflation_m = self.cfg.inflation_radius_m
         self.collision: np.ndarray | None = None
         self.trail: np.ndarray | None = None  # cells the agent's centre has occupied
         self._trail_xy: np.ndarray | None = None
         self._map_frame: tuple | None = None
         self.forget_collisions()
+
+    def narrow_inflation(self, inflation_m: float) -> None:
+        """Plan with obstacles inflated by ``inflation_m`` (metres, below the configured radius)
+        until the next ``reset``; the current plan is dropped."""
+        if not 0 <= inflation_m < self.cfg.inflation_radius_m:
+            raise ValueError(f"narrowed inflation {inflation_m} m must be in [0, "
+                             f"{self.cfg.inflation_radius_m}) m (policy.inflation_radius_m)")
+        self.inflation_m = inflation_m
+        self._path = None
 
     def forget_collisions(self) -> None:
         """Forget the plan, the collision marks and blocked moves, keeping the trail: the agent
@@ -295,7 +306,7 @@ class LocalPolicy:
         raw = sem_map.obstacle[r0:r1, c0:c1]
         if not cfg.unknown_traversable:
             raw = raw | ~sem_map.explored[r0:r1, c0:c1]
-        inflated = dilate_disk(raw, cfg.inflation_radius_m / sem_map.cell_size)
+        inflated = dilate_disk(raw, self.inflation_m / sem_map.cell_size)
         self._clear_around(inflated, raw, sem_map, xy, (r0, c0))
         # Walked, so free (module doc, 2); but a collision mark is newer evidence than the trail:
         # a gap walked once may not let the agent back through from another lattice offset.
@@ -313,7 +324,7 @@ class LocalPolicy:
         self, inflated: np.ndarray, raw: np.ndarray, sem_map: SemanticMap, xy: np.ndarray, offset: tuple[int, int]
     ) -> None:
         """Un-block inflation (not raw obstacles) within the inflation radius of the agent."""
-        rad = int(math.ceil(self.cfg.inflation_radius_m / sem_map.cell_size))
+        rad = int(math.ceil(self.inflation_m / sem_map.cell_size))
         r, c = sem_map.to_cell(xy) - np.array(offset)
         h, w = inflated.shape
         r0, r1, c0, c1 = max(r - rad, 0), min(r + rad + 1, h), max(c - rad, 0), min(c + rad + 1, w)
@@ -415,7 +426,7 @@ class LocalPolicy:
         within ``clearance_margin_m`` beyond the inflation, so paths keep off walls where there is
         room (discrete 30 deg headings wander off a path), else 1."""
         r0, r1, c0, c1 = window
-        reach = (self.cfg.inflation_radius_m + self.cfg.clearance_margin_m) / sem_map.cell_size
+        reach = (self.inflation_m + self.cfg.clearance_margin_m) / sem_map.cell_size
         near = dilate_disk(raw, reach)
         return np.where(blocked[r0:r1, c0:c1], np.inf, 1.0 + self.cfg.clearance_cost * near)
 
