@@ -16,7 +16,7 @@ import pytest
 from trajrag import config
 from trajrag.agent.collect import trajectory_id
 from trajrag.distributed.corpus import FaultPlan, build_corpus_ray
-from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore
+from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreClaimedError, claim_store
 from trajrag.memory.value_log import ValueLog
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
@@ -111,6 +111,7 @@ def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_sess
 
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
     from trajrag.cli import main
+    from trajrag.cli.corpus import build_corpus
 
     store = tmp_path / "store"
     argv = ["corpus", "build", "--scenes", SCENES, "--episodes-per-scene", str(PER_SCENE),
@@ -122,6 +123,15 @@ def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_pat
     assert first["collected"] == len(planned) and first["workers"] == 2
     assert sum(a["episodes"] for a in first["actors"]["collectors"]) == len(planned)
     assert first["chunks"] + first["decisions"].get("rejected", 0) <= len(planned)
+    # While another job writes the store, a second build (on Ray or in one process) is refused
+    # at once, naming that job, and the store is left as it was.
+    versions = MemoryStore(str(store), read_only=True).versions()
+    with claim_store(str(store), "corpus build in another shell"):
+        assert main(argv) == 2
+        assert "being written by another job" in capsys.readouterr().err
+        with pytest.raises(StoreClaimedError, match="corpus build in another shell"):
+            build_corpus(SCENES, PER_SCENE, POLICY, str(store), TINY, progress=False)
+    assert MemoryStore(str(store), read_only=True).versions() == versions
     second = build(store, workers=1)
     assert second["collected"] == 0 and second["skipped_already_stored"] == len(planned)
     assert second["chunks"] == first["chunks"] and second["groups"] == first["groups"]

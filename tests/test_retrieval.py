@@ -411,7 +411,7 @@ def test_decision_audit_refuses_the_ray_job_with_a_clear_error(tmp_path, capsys)
 
 
 def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_path):
-    from trajrag.memory.store import MemoryStore
+    from trajrag.memory.store import MemoryStore, claim_store
 
     source, model_dir = nav_memory
     store = str(tmp_path / "memory")
@@ -431,6 +431,10 @@ def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_pa
     again = _eval("--planner", "trajrag", "--store", store, "--model", model_dir, "--out", str(out), "--lifelong")
     assert again.returncode == 0 and (out / "trajrag" / "lifelong.csv").read_text().splitlines() == rows
     assert MemoryStore(store, read_only=True).count("chunks") == before + inserted  # nothing walked twice
+    with claim_store(store, "corpus build in another shell"):  # a lifelong run writes the store too
+        busy = _eval("--planner", "trajrag", "--store", store, "--model", model_dir, "--out",
+                     str(tmp_path / "busy"), "--lifelong")
+    assert busy.returncode == 2 and "corpus build in another shell" in busy.stderr, busy.stderr[-2000:]
 
 
 def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memory, tmp_path):

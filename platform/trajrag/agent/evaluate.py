@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import socket
 import sys
 import zlib
 from dataclasses import dataclass, field, fields
@@ -27,6 +26,7 @@ from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
+from trajrag.file_locks import holder, lock_file, sign
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize
@@ -325,42 +325,17 @@ def _hold_run(held: contextlib.ExitStack, run: AgentRun, records: str) -> tuple[
     one takes to claim)."""
     run.directory.mkdir(parents=True, exist_ok=True)
     walker = run.directory / f"{records}.lock"
-    fd = _flock(held, walker, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fd = lock_file(held, walker, fcntl.LOCK_EX | fcntl.LOCK_NB)
     if fd is None:
         raise RunClaimedError(f"{run.directory}: run {run.name!r} is being walked by another process "
-                              f"({_holder(walker)}, writing {records}): wait for it to finish, or give another "
+                              f"({holder(walker)}, writing {records}): wait for it to finish, or give another "
                               f"--label or --out")
-    os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    sign(fd)
     settings_lock = run.directory / f"{run.settings_path.name}.lock"
-    fd = _flock(held, settings_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fd = lock_file(held, settings_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     if fd is not None:
         return fd, True
-    return _flock(held, settings_lock, fcntl.LOCK_SH), False
-
-
-def _flock(held: contextlib.ExitStack, path: Path, operation: int) -> int | None:
-    """A descriptor of ``path`` (created if missing) locked with ``operation`` (``fcntl.flock``),
-    closed, and so unlocked, when ``held`` closes; None when another holds it (``LOCK_NB``). A
-    file system without locks is said on stderr and walked unlocked, as before locks existed."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    held.callback(os.close, fd)
-    try:
-        fcntl.flock(fd, operation)
-    except BlockingIOError:
-        return None
-    except OSError as exc:  # ENOLCK, EOPNOTSUPP: e.g. an NFS mount without its lock daemon
-        print(f"warning: {path}: cannot lock ({exc}); another eval of this run would not be noticed",
-              file=sys.stderr)
-    return fd
-
-
-def _holder(path: Path) -> str:
-    """Who holds the lock file ``path``, as its holder wrote it (``_hold_run``)."""
-    try:
-        return path.read_text().strip() or "a process"
-    except OSError:
-        return "a process"
+    return lock_file(held, settings_lock, fcntl.LOCK_SH), False
 
 
 def _share_run(fd: int, run: AgentRun, wanted: dict) -> None:
@@ -371,7 +346,7 @@ def _share_run(fd: int, run: AgentRun, wanted: dict) -> None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         raise _claimed(run, "claimed it at the same moment") from None
-    except OSError:  # no locks on this file system (``_flock`` said so)
+    except OSError:  # no locks on this file system (``lock_file`` said so)
         return
     if not _agrees(read_run_settings(run.settings_path), wanted):
         raise _claimed(run, "claimed it at the same moment")

@@ -122,13 +122,10 @@ def build_command(args: argparse.Namespace) -> int:
 
 def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, overrides=(), seed=None,
                  progress: bool = True) -> dict:
-    """Collect + convert + insert; returns counts, decisions, throughput and time per stage."""
-    from tqdm import tqdm
-
+    """Collect + convert + insert in this process, the store claimed for the job
+    (``claim_store``); returns counts, decisions, throughput and time per stage."""
     from trajrag import config
-    from trajrag.agent.collect import Collector, episode_policy, trajectory_id
-    from trajrag.memory.grouping import TrajectoryMemory
-    from trajrag.memory.value_log import ValueLog
+    from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
 
@@ -138,6 +135,21 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     scenes = load_scenes(scene_spec, overrides)
     episode_cfg = config.load("episodes", overrides)
     episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
+    with claim_store(store_uri, f"corpus build of {scene_spec}"):
+        return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started)
+
+
+def _collect_and_insert(scenes: list, episodes: list, policy: str, store_uri: str, overrides, progress: bool,
+                        started: float) -> dict:
+    """``build_corpus``'s work once the store is claimed: the episodes not yet stored, walked and
+    inserted in plan order, a batch at a time."""
+    from tqdm import tqdm
+
+    from trajrag import config
+    from trajrag.agent.collect import Collector, episode_policy, trajectory_id
+    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.value_log import ValueLog
+
     memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
     value_log = ValueLog(store_uri)
     collector = Collector(overrides)

@@ -147,6 +147,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from trajrag import config
     from trajrag.agent.evaluate import claim_runs, evaluate_agent, json_safe, run_settings, write_results_table
     from trajrag.agent.registry import make_agent
+    from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
@@ -167,7 +168,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs}
-    with claim_runs(out, settings, _records_name(ray_job)):  # held until every run is walked
+    # Held until every run is walked; lifelong runs write the store, as a corpus build does.
+    with (claim_runs(out, settings, _records_name(ray_job)),
+          claim_store(args.store, "lifelong evaluation") if args.lifelong and args.store else contextlib.nullcontext()):
         print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}",
               file=sys.stderr)
         summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}

@@ -593,6 +593,7 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     """
     from trajrag import config
     from trajrag.cli import UserError
+    from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
 
     started = time.perf_counter()
@@ -603,14 +604,16 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     scenes = load_scenes(scene_spec, overrides)  # a bad spec or file fails here, before a cluster starts
-    own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
-    actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
-    try:
-        return _build(cfg, actors, scenes, scene_spec, per_scene, policy, list(overrides), seed, progress, started)
-    finally:
-        actors.kill_all()
-        if own_ray:
-            ray.shutdown()
+    with claim_store(store_uri, f"Ray corpus build of {scene_spec}"):  # and a second build of the store
+        own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
+        actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
+        try:
+            return _build(cfg, actors, scenes, scene_spec, per_scene, policy, list(overrides), seed, progress,
+                          started)
+        finally:
+            actors.kill_all()
+            if own_ray:
+                ray.shutdown()
 
 
 def _build(cfg: CorpusJobConfig, actors: _Actors, scenes: list, scene_spec: str, per_scene: int, policy: str,

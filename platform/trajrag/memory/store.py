@@ -58,16 +58,19 @@ takes a new snapshot.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajrag.file_locks import holder, lock_file, sign
 from trajrag.memory.matching import Transform2D
 
 CHUNKS = "chunks"
@@ -93,6 +96,38 @@ _JOURNAL_TAIL = 16
 
 class StoreError(RuntimeError):
     """The store cannot be opened, read or written; the message names the URI, table and version."""
+
+
+class StoreClaimedError(StoreError):
+    """Another job is writing the store (``claim_store``)."""
+
+
+# The lock file a writing job holds inside a local store's folder (``claim_store``).
+WRITER_LOCK = "writer.lock"
+
+
+@contextlib.contextmanager
+def claim_store(uri: str, job: str) -> Iterator[None]:
+    """Hold the memory at ``uri`` as the one job writing it while the block runs; a second job
+    (``job`` names this one in its error) gets ``StoreClaimedError`` at once, before it has
+    collected anything. Two builds into one store each commit batches the other has not read:
+    with two ``make run`` in one folder LanceDB refused one writer's commit as incompatible with
+    the other's, and that build failed after its retries. The claim is a lock file in the
+    store's folder, dropped when the process ends however it ends. An object-store URI is not claimed: LanceDB's refused commits, rolled back,
+    remain the guard there."""
+    if "://" in uri:
+        yield
+        return
+    folder = Path(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / WRITER_LOCK
+    with contextlib.ExitStack() as held:
+        fd = lock_file(held, path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            raise StoreClaimedError(f"memory store {uri} is being written by another job ({holder(path)}): "
+                                    f"wait for it to finish, or give another --store")
+        sign(fd, job)
+        yield
 
 
 # The map each chunk was walked in (see the module docstring); optional in older stores.
