@@ -268,9 +268,10 @@ def test_folds_hold_out_every_scene_exactly_once():
 def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
     from trajrag.cli import main
+    from trajrag.encoder.evaluate import embed_store
     from trajrag.encoder.train import train_encoder
     from trajrag.memory.grouping import TrajectoryMemory
-    from trajrag.memory.store import CHUNKS, MemoryStore
+    from trajrag.memory.store import CHUNKS, MemoryStore, StoreClaimedError, claim_store
     from trajrag import config as config_mod
 
     epochs = 4
@@ -324,6 +325,9 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
 
     assert main(["encoder", "eval", "--store", store_uri, "--model", str(tmp_path / "nope")]) == 2
     assert "encoder.json" in capsys.readouterr().err
+    with claim_store(store_uri, "corpus build in another shell"):  # embeddings wait for a build to end
+        with pytest.raises(StoreClaimedError, match="corpus build in another shell"):
+            embed_store(store_uri, out, _overrides(tiny_node_dir))
 
 
 def test_cross_validation_pools_the_queries_of_every_fold(ray_session, store_uri, tiny_node_dir,

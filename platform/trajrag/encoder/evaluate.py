@@ -115,13 +115,16 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
 
 def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names: Mapping[int, str],
                  cfg: EncoderConfig) -> int:
-    """Write ``encoder``'s (a ``TrajectoryEncoder``) embedding of every record into ``store``."""
+    """Write ``encoder``'s (a ``TrajectoryEncoder``) embedding of every record into ``store``,
+    claimed for the write (``claim_store``: not while a corpus build adds chunks)."""
     from trajrag.encoder.model import embed
+    from trajrag.memory.store import claim_store
 
-    data = encode_records(records, names, encoder.node_encoder)
-    every = np.arange(len(data))
-    z = embed(encoder.model, data.sequences(every), data.goal_vectors(every), cfg.eval.encode_batch)
-    return write_embeddings(store, data.ids, z, encoder.version, cfg.eval.write_batch)
+    with claim_store(store.uri, f"embeddings of encoder {encoder.version}"):
+        data = encode_records(records, names, encoder.node_encoder)
+        every = np.arange(len(data))
+        z = embed(encoder.model, data.sequences(every), data.goal_vectors(every), cfg.eval.encode_batch)
+        return write_embeddings(store, data.ids, z, encoder.version, cfg.eval.write_batch)
 
 
 def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = (), *,
