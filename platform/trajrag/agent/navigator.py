@@ -357,12 +357,13 @@ class Navigator:
     def _narrow_clearance(self) -> bool:
         """Plan and test reachability with obstacles inflated by ``walled_in_clearance_m`` rather
         than the agent radius, for the rest of the episode, with one more reset of the failures
-        (``_open_frontiers``); False if that was done already (or would not narrow anything). A mapped obstacle edge lies a cell or
-        two off the true one, and the full inflation can close a gap the agent fits through: at
-        two Gibson starts in Hiteman (line-of-sight goal regions, nearest frontier) the one way
-        out of the room ran between a wall end and a refrigerator, and the agent STOPped after 27
-        and 53 steps with the rest of the home unexplored. Only an agent about to STOP with
-        nothing left (resets and retracing spent) narrows it, so no other walk changes."""
+        (``_open_frontiers``); False if that was done already (or would not narrow anything). A
+        mapped obstacle edge lies a cell or two off the true one, and the full inflation can close a
+        gap the agent fits through: at two Gibson starts in Hiteman (line-of-sight goal regions,
+        nearest frontier) the one way out of the room ran between a wall end and a refrigerator, and
+        the agent STOPped after 27 and 53 steps with the rest of the home unexplored. Only an agent
+        about to STOP with nothing left (resets and retracing spent) narrows it, so no other walk
+        changes."""
         narrow = self.cfg.walled_in_clearance_m
         if self.stats.clearance_narrowed or narrow >= self.policy.inflation_m:
             return False

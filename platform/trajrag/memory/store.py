@@ -110,11 +110,11 @@ WRITER_LOCK = "writer.lock"
 def claim_store(uri: str, job: str) -> Iterator[None]:
     """Hold the memory at ``uri`` as the one job writing it while the block runs; a second job
     (``job`` names this one in its error) gets ``StoreClaimedError`` at once, before it has
-    collected anything. Two builds into one store each commit batches the other has not read:
-    with two ``make run`` in one folder LanceDB refused one writer's commit as incompatible with
-    the other's, and that build failed after its retries. The claim is a lock file in the
-    store's folder, dropped when the process ends however it ends. An object-store URI is not claimed: LanceDB's refused commits, rolled back,
-    remain the guard there."""
+    collected anything. Two builds into one store each commit batches the other has not read: with
+    two ``make run`` in one folder LanceDB refused one writer's commit as incompatible with the
+    other's, and that build failed after its retries. The claim is a lock file in the store's
+    folder, dropped when the process ends however it ends. An object-store URI is not claimed:
+    LanceDB's refused commits, rolled back, remain the guard there."""
     if "://" in uri:
         yield
         return
