@@ -61,7 +61,7 @@ _FRAME_OFFSET_M = 20.0
 _WALK_TRIES, _WALK_STEPS_PER_NODE = 5, 4
 # Corpus sizes (chunks) at which single inserts are timed, full and --quick.
 _SIZES = {"1k": 1_000, "10k": 10_000, "100k": 100_000}
-_QUICK_SIZES = {"1k": 1_000, "5k": 5_000}
+_QUICK_SIZES = {"1k": 1_000, "2k": 2_000}
 # Single inserts timed at each size (p95 needs ~20 above it).
 _TIMING_INSERTS = 200
 _QUICK_TIMING_INSERTS = 50

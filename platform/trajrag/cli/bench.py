@@ -37,7 +37,7 @@ tests).
   topo        navigator ms per step and topo-polar conversion (4 val homes x 2
               episodes); --quick: 1 home x 1 episode
   store       memory insert latency at 1k, 10k and 100k chunks (200 timed
-              inserts); --quick: 1k and 5k chunks, 50 inserts
+              inserts); --quick: 1k and 2k chunks, 50 inserts
   mapping     per-step ms of the map stack on one core (500 steps);
               --quick: 60 steps
   encoder     Ray Train pairs/s with 1 and 2 workers (encoder.bench: trajectories,
