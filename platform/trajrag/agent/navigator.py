@@ -113,7 +113,6 @@ class Navigator:
         self.blacklist: list[np.ndarray] = []  # waypoints found unreachable (may be retried)
         self.spent: list[np.ndarray] = []  # waypoints reached (never chosen again)
         self.blacklist_resets = 0
-        self.frontier_cfg = self.mapping_cfg.frontier  # its clearance narrows when walled in
         self.goal_blocked_at: Optional[np.ndarray] = None  # where the goal was last found unreachable
         self.goal_target: Optional[np.ndarray] = None  # the mapped goal cell being walked to (m)
         self.goal_targets_left: set[tuple[float, float]] = set()  # the ones walked to before it
@@ -369,9 +368,15 @@ class Navigator:
             return False
         self.stats.clearance_narrowed = True
         self.policy.narrow_inflation(narrow)
-        self.frontier_cfg = replace(self.frontier_cfg, reachable_clearance_m=min(
-            narrow, self.frontier_cfg.reachable_clearance_m))
         return True
+
+    @property
+    def frontier_cfg(self):
+        """The frontier settings; once the clearance is narrowed, reachability is tested with it."""
+        cfg = self.mapping_cfg.frontier
+        if not self.stats.clearance_narrowed:
+            return cfg
+        return replace(cfg, reachable_clearance_m=min(self.cfg.walled_in_clearance_m, cfg.reachable_clearance_m))
 
     def _underfoot(self, frontier: Frontier, xy: np.ndarray) -> bool:
         """Whether the local policy counts ``frontier`` as reached where the agent stands. Choosing
