@@ -11,6 +11,9 @@ is not part of the timing: training only reads its cached outputs.
   has one CPU thread (Ray's default for a 1-CPU worker).
 * ``startup_s_1w`` / ``startup_s_2w``: the rest of the ``TorchTrainer.fit`` wall time (worker
   group start, process group, checkpoints, reports).
+* ``device_1w`` / ``loss_1w`` (and 2w): the device rank 0 trained on (``cpu``, ``cuda:0``: GPU
+  workers with ``--set encoder.train.use_gpu=true``) and the last epoch's mean InfoNCE loss, so
+  a GPU run can be checked against a CPU run of the same set.
 """
 
 from __future__ import annotations
@@ -75,4 +78,6 @@ def run(args: argparse.Namespace) -> dict:
             seconds = sum(h["seconds"] for h in timed)
             out[f"samples_per_s_{workers}w"] = round(pairs / max(seconds, 1e-9), 1)
             out[f"startup_s_{workers}w"] = round(wall - sum(h["seconds"] for h in history), 1)
+            out[f"device_{workers}w"] = result.return_value["device"]
+            out[f"loss_{workers}w"] = round(history[-1]["loss"], 4)
     return out

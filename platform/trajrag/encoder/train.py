@@ -291,7 +291,8 @@ def train_loop_per_worker(config: dict) -> dict:
             _report(metrics, state, model, opt, rank)
     finally:
         finish_wandb(run)
-    return {"history": state["history"], "resumes": state["resumes"]}
+    # The device it trained on ("cpu", "cuda:0"): what `bench encoder` timed, said with the figure.
+    return {"history": state["history"], "resumes": state["resumes"], "device": str(device)}
 
 
 # -- the driver -----------------------------------------------------------------------------------
