@@ -6,6 +6,8 @@ import json
 
 from conftest import FAST_SIM
 from trajrag.cli import main
+from trajrag.cli.run import RUN_LOCK
+from trajrag.file_locks import claim
 
 
 def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_path, capsys):
@@ -33,3 +35,13 @@ def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_p
     assert again["corpus"]["collected"] == 0 and again["encoder"] == result["encoder"]
     assert again["value"] == result["value"]  # kept
     assert len((out / "trajrag" / "episodes.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_second_run_in_a_folder_being_written_is_refused_before_it_starts(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with claim(out / RUN_LOCK, "the first trajrag run", AssertionError):
+        assert main(["run", "--out", str(out), "--json"]) == 2
+    error = capsys.readouterr().err
+    assert "being written by another trajrag run" in error and "the first trajrag run" in error
+    assert [p.name for p in out.iterdir()] == [RUN_LOCK]  # no stage began: no memory, no model

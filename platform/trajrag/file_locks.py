@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 def lock_file(held: contextlib.ExitStack, path: Path, operation: int) -> int | None:
@@ -43,3 +44,15 @@ def holder(path: Path) -> str:
         return path.read_text().strip() or "a process"
     except OSError:
         return "a process"
+
+
+@contextlib.contextmanager
+def claim(path: Path, job: str, refused: Callable[[str], Exception]) -> Iterator[None]:
+    """Hold the lock file ``path`` alone while the block runs, signed with ``job``; when another
+    process holds it, raise ``refused(its holder)`` at once, before the block does anything."""
+    with contextlib.ExitStack() as held:
+        fd = lock_file(held, path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            raise refused(holder(path))
+        sign(fd, job)
+        yield

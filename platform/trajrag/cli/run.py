@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Iterator
 
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import add_override_arg
+from trajrag.cli import UserError, add_override_arg
+from trajrag.file_locks import claim
+
+# Held by the run writing the folder (trajrag.file_locks: dropped when its process ends).
+RUN_LOCK = "run.lock"
 
 
 @dataclass
@@ -96,6 +100,15 @@ def run_command(args: argparse.Namespace) -> int:
         raise config.ConfigError(f"run.overrides: {exc}") from None
     out = Path(args.out or cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    # The stages claim the memory and the evaluation runs, but nothing claimed the encoder's
+    # folder: a second run there would train over the first's model. One run per folder.
+    with claim(out / RUN_LOCK, "trajrag run", lambda other: UserError(
+            f"{out} is being written by another trajrag run ({other}): wait for it to finish, "
+            f"or give another --out")):
+        return _run_stages(cfg, args, out)
+
+
+def _run_stages(cfg: RunConfig, args: argparse.Namespace, out: Path) -> int:
     overrides = [*cfg.overrides, *args.overrides]
     agents = args.agents.split(",") if args.agents else list(cfg.agents)
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))

@@ -59,7 +59,6 @@ takes a new snapshot.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -70,7 +69,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajrag.file_locks import holder, lock_file, sign
+from trajrag.file_locks import claim
 from trajrag.memory.matching import Transform2D
 
 CHUNKS = "chunks"
@@ -120,13 +119,9 @@ def claim_store(uri: str, job: str) -> Iterator[None]:
         return
     folder = Path(uri)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / WRITER_LOCK
-    with contextlib.ExitStack() as held:
-        fd = lock_file(held, path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if fd is None:
-            raise StoreClaimedError(f"memory store {uri} is being written by another job ({holder(path)}): "
-                                    f"wait for it to finish, or give another --store")
-        sign(fd, job)
+    with claim(folder / WRITER_LOCK, job, lambda other: StoreClaimedError(
+            f"memory store {uri} is being written by another job ({other}): "
+            f"wait for it to finish, or give another --store")):
         yield
 
 
