@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from trajrag.encoder import EncoderError, load_config
+from trajrag.encoder import EncoderError, load_config, torch_device
 from trajrag.encoder.data import (
     crop_sequence,
     sample_pairs,
@@ -100,6 +100,14 @@ def test_default_node_encoder_is_minilm_offline_and_caches_repeated_nodes():
     # The goal embedding is the same model over the category name.
     np.testing.assert_allclose(encoder.encode_goals(["tv_monitor"])[0],
                                encoder.encode_texts(["tv monitor"])[0], atol=1e-6)
+
+
+def test_the_memory_jobs_encode_on_the_gpu_when_torch_sees_one_and_a_bad_device_names_the_key():
+    assert load_config().node.device == "auto"
+    assert torch_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert torch_device("cpu") == "cpu" and torch_device("cuda:1") == "cuda:1"
+    with pytest.raises(EncoderError, match="encoder.node.device is 'gpu0'"):
+        torch_device("gpu0")
 
 
 def test_node_encoder_folder_without_safetensors_is_a_clear_error(tmp_path):

@@ -36,6 +36,8 @@ class NodeEncoderConfig:
     free_word, obstacle_word, unknown_word: the words for the non-object sector labels.
     representation: what of a node the text keeps (paper Tab. 1; ``topo.representation``):
         ``tps_gs`` (geometry + semantics), ``tps_s``, ``tps_g`` or ``tna``.
+    device: where the jobs that encode a whole memory run it (``auto``: the GPU when torch sees
+        one; ``torch_device`` resolves it).
     """
 
     model_dir: str
@@ -47,6 +49,7 @@ class NodeEncoderConfig:
     obstacle_word: str
     unknown_word: str
     representation: str
+    device: str
 
 
 POOLINGS = ("end", "end_mean")
@@ -188,3 +191,16 @@ def load_config(overrides: Sequence[str] = ()) -> EncoderConfig:
     from trajrag import config as config_mod
 
     return config_mod.load("encoder", overrides)
+
+
+def torch_device(setting: str) -> str:
+    """The torch device of an ``encoder.node.device`` setting: ``auto`` is ``cuda`` when torch
+    sees a GPU, else ``cpu``; anything else must be a device torch knows (``cuda:1``)."""
+    import torch
+
+    if setting.strip().lower() == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return str(torch.device(setting))
+    except RuntimeError as exc:
+        raise EncoderError(f"encoder.node.device is {setting!r}: {exc}; use auto, cpu or cuda[:N]") from None

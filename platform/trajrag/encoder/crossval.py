@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trajrag.encoder import EncoderError, load_config
+from trajrag.encoder import EncoderError, load_config, torch_device
 from trajrag.encoder.evaluate import paired_differences
 
 EMBEDDINGS = ("trained", "text", "untrained")
@@ -38,7 +38,8 @@ def cross_validate(store: Any, out_dir: str | Path, folds: int, *, workers: int 
     say = log or (lambda _msg: None)
     cfg = load_config(overrides)
     ks = cfg.eval.ks
-    node_encoder = NodeEncoder(cfg.node)  # one frozen encoder (and its cache) for every fold
+    # one frozen encoder (and its cache) for every fold
+    node_encoder = NodeEncoder(cfg.node, device=torch_device(cfg.node.device))
     pooled: dict[str, dict[int, list[np.ndarray]]] = {name: {k: [] for k in ks} for name in EMBEDDINGS}
     per_fold = []
     for index in range(folds):

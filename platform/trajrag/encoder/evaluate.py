@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajrag.bootstrap import paired_interval
-from trajrag.encoder import EncoderConfig, EncoderError, load_config
+from trajrag.encoder import EncoderConfig, EncoderError, load_config, torch_device
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
 
 
@@ -137,8 +137,8 @@ def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()
     cfg = load_config(overrides)
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
-    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder, batch_size=cfg.eval.encode_batch,
-                                node_cfg=cfg.node)
+    encoder = TrajectoryEncoder(model_dir, device=torch_device(cfg.node.device), node_encoder=node_encoder,
+                                batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
     records, names = read_records(store)
     written = embed_chunks(store, encoder, records, names, cfg)
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
@@ -161,7 +161,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     cfg = cfg or load_config(overrides)
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=not write)
-    encoder = TrajectoryEncoder(model_dir, node_encoder=node_encoder,
+    encoder = TrajectoryEncoder(model_dir, device=torch_device(cfg.node.device), node_encoder=node_encoder,
                                 batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
     records, names = read_records(store)
     trained_on = set(encoder.meta.get("train_scenes", []))

@@ -227,9 +227,11 @@ def pad_sequences(seqs: Sequence[np.ndarray], max_nodes: int) -> tuple[np.ndarra
 
 
 def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
-          batch_size: int, device: str = "cpu") -> np.ndarray:
-    """z (N, z_dim) float32 for node-embedding sequences and goal embeddings (eval mode, no grad)."""
+          batch_size: int) -> np.ndarray:
+    """z (N, z_dim) float32 for node-embedding sequences and goal embeddings (eval mode, no grad),
+    computed on the device the model is on."""
     model = unwrap(model)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out = np.zeros((len(seqs), model.z_dim), dtype=np.float32)
@@ -396,8 +398,7 @@ class TrajectoryEncoder:
                        names: Mapping[int, str]) -> np.ndarray:
         """z (N, dim) for sector arrays (K_i, 12) whose category ids index ``names``."""
         seqs = [self.node_encoder.encode_nodes(s, names) for s in sequences]
-        return embed(self.model, seqs, self.node_encoder.encode_goals(goals), self.batch_size,
-                     self.device)
+        return embed(self.model, seqs, self.node_encoder.encode_goals(goals), self.batch_size)
 
     def encode_trajectories(self, trajs: Sequence[Any]) -> np.ndarray:
         """z (N, dim) of ``TopoPolarTrajectory``-like objects (sectors, categories, goal)."""
@@ -405,4 +406,4 @@ class TrajectoryEncoder:
         seqs = [self.node_encoder.encode_nodes(np.asarray(t.sectors), dict(enumerate(t.categories)))
                 for t in trajs]
         goals = self.node_encoder.encode_goals([t.goal for t in trajs])
-        return embed(self.model, seqs, goals, self.batch_size, self.device)
+        return embed(self.model, seqs, goals, self.batch_size)

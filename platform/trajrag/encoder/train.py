@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from trajrag import config as config_mod
-from trajrag.encoder import EncoderConfig, EncoderError, load_config
+from trajrag.encoder import EncoderConfig, EncoderError, load_config, torch_device
 from trajrag.encoder.data import (
     EncodedSet,
     crop_sequence,
@@ -396,7 +396,7 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     say(f"{len(train_records)} training chunks from {len(train_scenes)} scenes; "
         f"{len(held_out)} scenes held out")
     if node_encoder is None:
-        node_encoder = NodeEncoder(cfg.node, cache_path=out / NODE_CACHE)
+        node_encoder = NodeEncoder(cfg.node, device=torch_device(cfg.node.device), cache_path=out / NODE_CACHE)
     start: dict = {}
     if cfg.train.init_model:  # checked before the node encoding, which takes minutes on a large store
         start_model, start = fine_tune_start(cfg.train.init_model, node_encoder.info())
