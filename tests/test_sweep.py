@@ -121,4 +121,4 @@ def test_a_killed_worker_leaves_no_wandb_service_folder_in_tmp(tmp_path):
     left = list(Path(tempfile.gettempdir()).glob(f"wandb-{worker.pid}-*"))
     for folder in left:  # this test's own, even when it fails
         shutil.rmtree(folder, ignore_errors=True)
-    assert not left
+    assert not left, err

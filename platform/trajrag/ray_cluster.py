@@ -59,6 +59,10 @@ def finish_wandb(run: Any) -> None:
     /tmp. Call it from a ``finally``, so that a failed or stopped run cleans up too; a worker Ray
     kills in the middle of its work (a Ray Train restart after another worker died) still leaves
     its folder.
+
+    The teardown waits for the service to exit, yet on a loaded machine the folder has been seen
+    to outlive it (CI, 2 cores); it is this process's own (named after its pid) and nothing uses
+    it once the service is gone, so what is left of it is removed here.
     """
     if run is None:
         return
@@ -67,4 +71,15 @@ def finish_wandb(run: Any) -> None:
     try:
         run.finish()
     finally:
-        wandb.teardown()
+        try:
+            wandb.teardown()
+        finally:
+            _remove_service_folders(os.getpid())
+
+
+def _remove_service_folders(pid: int) -> None:
+    """Remove the wandb-core socket folders of the process ``pid`` from the system temp dir."""
+    import shutil
+
+    for folder in Path(tempfile.gettempdir()).glob(f"wandb-{pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
