@@ -338,17 +338,36 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
             embed_store(store_uri, out, _overrides(tiny_node_dir))
 
 
-def test_cross_validation_pools_the_queries_of_every_fold(ray_session, store_uri, tiny_node_dir,
-                                                          tmp_path, capsys):
+# A small transformer: fine-tuning must take the start's architecture over the config's (128 wide).
+SMALL_MODEL = ["encoder.model.n_embd=32", "encoder.model.n_head=2"]
+
+
+@pytest.fixture(scope="module")
+def two_folds(ray_session, store_uri, tiny_node_dir, tmp_path_factory) -> dict:
+    """`trajrag encoder cv --folds 2` on the store (1 epoch, a small model): its report, its
+    folder and the store's versions before it ran. The fine-tuning test starts from fold 0."""
+    import contextlib
+    import io
+
     from trajrag.cli import main
     from trajrag.memory.store import MemoryStore
 
     versions = MemoryStore(store_uri, read_only=True).versions()
-    code = main(["encoder", "cv", "--store", store_uri, "--out", str(tmp_path / "cv"), "--folds", "2",
-                 "--workers", "1", "--json", *(a for o in _overrides(tiny_node_dir, epochs=1)
-                                                for a in ("--set", o))])
+    out = tmp_path_factory.mktemp("cv")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["encoder", "cv", "--store", store_uri, "--out", str(out), "--folds", "2",
+                     "--workers", "1", "--json", *(a for o in _overrides(tiny_node_dir, epochs=1) + SMALL_MODEL
+                                                    for a in ("--set", o))])
     assert code == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return {"report": json.loads(printed.getvalue().strip().splitlines()[-1]), "out": out,
+            "versions_before": versions}
+
+
+def test_cross_validation_pools_the_queries_of_every_fold(two_folds, store_uri):
+    from trajrag.memory.store import MemoryStore
+
+    report = two_folds["report"]
     folds = report["per_fold"]
     held = [s for f in folds for s in f["held_out_scenes"]]
     assert len(held) == len(set(held)) == 8  # each of the 8 homes held out exactly once
@@ -359,21 +378,19 @@ def test_cross_validation_pools_the_queries_of_every_fold(ray_session, store_uri
     diff = report["trained_minus_text"]["recall@5"]
     assert diff["mean"] == pytest.approx(report["trained"]["recall@5"] - report["text"]["recall@5"])
     assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
-    assert (tmp_path / "cv" / "fold-1" / META).is_file()
-    assert MemoryStore(store_uri, read_only=True).versions() == versions  # the store is only read
+    assert (two_folds["out"] / "fold-1" / META).is_file()
+    # the store is only read
+    assert MemoryStore(store_uri, read_only=True).versions() == two_folds["versions_before"]
 
 
 def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
-        ray_session, store_uri, tiny_node_dir, tmp_path):
+        two_folds, store_uri, tiny_node_dir, tmp_path):
     import shutil
 
     from trajrag.encoder.evaluate import evaluate_encoder
     from trajrag.encoder.train import train_encoder
 
-    small = ["encoder.model.n_embd=32", "encoder.model.n_head=2"]
-    start = tmp_path / "start"
-    train_encoder(store_uri, start, load_config(_overrides(tiny_node_dir, epochs=1, fold="0/2") + small),
-                  workers=1)
+    start = two_folds["out"] / "fold-0"  # trained on fold 0/2 with the small model
     # lr 0: the fine-tuned weights must be the start's, input standardisation included, even
     # though this config's model section (128 wide) differs from the start's (32 wide).
     tuned = tmp_path / "tuned"

@@ -70,7 +70,8 @@ def test_rollout_costs_are_the_metres_walked_after_each_choice(walk_setup):
 
 def test_value_fit_on_rollout_costs(tmp_path, capsys):
     walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1", "--set", "value.target=rollout",
-            "--set", "value.rollout_decisions_per_episode=1", *[a for o in FAST for a in ("--set", o)]]
+            "--set", "value.rollout_decisions_per_episode=1",
+            *[a for o in [*FAST, "episodes.max_steps=150"] for a in ("--set", o)]]  # shorter rollouts
     kept = tmp_path / "rollouts.npz"
     assert main(["value", "fit", *walk, "--out", str(tmp_path / "v.json"), "--save-decisions", str(kept),
                  "--json"]) == 0

@@ -37,6 +37,8 @@ from trajrag.file_locks import claim
 
 # Held by the run writing the folder (trajrag.file_locks: dropped when its process ends).
 RUN_LOCK = "run.lock"
+# The most decisive TrajRAG decision of the first episode, replayed (kept while no episode reruns).
+DECISION_PNG = "decision.png"
 
 
 @dataclass
@@ -260,7 +262,11 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
     table = write_results_table(summaries, out)
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
     if "trajrag" in agents:
-        pictures.append(decision_picture(sim, sim_cfg, episodes[0], scenes, episode_cfg, overrides, out))
+        kept = out / DECISION_PNG
+        if summaries["trajrag"]["evaluated"] == 0 and kept.is_file():  # a rerun: no episode walked again
+            pictures.append(kept)
+        else:
+            pictures.append(decision_picture(sim, sim_cfg, episodes[0], scenes, episode_cfg, overrides, out))
     say("[5/5] report\n" + table + f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  "
         f"pictures: {', '.join(str(p) for p in pictures if p)}")
     return summaries
@@ -275,4 +281,4 @@ def decision_picture(sim, sim_cfg, episode, scenes, episode_cfg, overrides: list
     decisions = record_decisions(make_agent("trajrag", sim_cfg, overrides), sim, episode, scene, episode_cfg)
     if not decisions:
         return None
-    return render_decision_png(max(decisions, key=lambda d: d.margin), out / "decision.png")
+    return render_decision_png(max(decisions, key=lambda d: d.margin), out / DECISION_PNG)
