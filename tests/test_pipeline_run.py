@@ -12,21 +12,21 @@ from trajrag.file_locks import claim
 
 def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
-    sizes = ["run.corpus_scenes=procedural:train:3", "run.corpus_episodes_per_scene=3", "run.encoder_epochs=1",
+    sizes = ["run.corpus_scenes=procedural:train:4", "run.corpus_episodes_per_scene=3", "run.encoder_epochs=1",
              "encoder.train.min_held_out_scenes=1",
              "episodes.max_steps=200", *FAST_SIM]
     argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--agents", "trajrag,frontier",
             "--out", str(out), "--json", *[a for s in sizes for a in ("--set", s)]]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["corpus"]["collected"] == 9 and result["corpus"]["chunks"] >= 6
+    assert result["corpus"]["collected"] == 12 and result["corpus"]["chunks"] >= 6
     assert result["encoder"]["embedded_chunks"] == result["corpus"]["chunks"]
     assert set(result["summaries"]) == {"trajrag", "frontier"}
     assert result["summaries"]["trajrag"]["planner_calls"] > 0
     assert (out / "model" / "encoder.json").is_file() and (out / "encoder_eval.json").is_file()
     # The value is fitted on the decisions of the corpus's own exploration walks (no walking again).
     explored = result["corpus"]["walks_with_value_decisions"]
-    assert 0 < explored < 9 and result["value"]["walks"] == explored and (out / "value.json").is_file()
+    assert 0 < explored < 12 and result["value"]["walks"] == explored and (out / "value.json").is_file()
     table = (out / "results.md").read_text()
     assert "| trajrag |" in table and "| frontier |" in table
     assert (out / "episode.png").stat().st_size > 10_000 and (out / "decision.png").stat().st_size > 10_000

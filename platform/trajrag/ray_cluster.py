@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -79,7 +80,5 @@ def finish_wandb(run: Any) -> None:
 
 def _remove_service_folders(pid: int) -> None:
     """Remove the wandb-core socket folders of the process ``pid`` from the system temp dir."""
-    import shutil
-
     for folder in Path(tempfile.gettempdir()).glob(f"wandb-{pid}-*"):
         shutil.rmtree(folder, ignore_errors=True)
