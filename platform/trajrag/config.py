@@ -41,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "bench": "trajrag.bench.world:BenchConfig",
     "navigator": "trajrag.agent.navigator:NavigatorConfig",
     "gibson": "trajrag.world.gibson:GibsonConfig",
+    "mp3d": "trajrag.world.mp3d:Mp3dConfig",
     "perception": "trajrag.perception.oracle:PerceptionConfig",
     "mapping": "trajrag.mapping.semantic_map:MappingConfig",
     "policy": "trajrag.mapping.local_policy:PolicyConfig",

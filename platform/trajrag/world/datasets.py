@@ -5,6 +5,9 @@ Scene specs (``load_scenes``):
 * ``path/to/<split>_info.pbz2``: Gibson semantic maps (``world/gibson.py``), or a folder of them;
   ``...@held_out`` keeps only the scenes of ``gibson.held_out_scenes`` and ``...@rest`` every
   other one (an evaluation on unseen homes with a corpus from the remaining ones);
+* a folder of Matterport3D scans, ``<scan>/BEV_semantic_map.npy`` (or the folder holding
+  ``scenes/``): one scene per scan (``world/mp3d.py``); ``@held_out`` / ``@rest`` select by
+  ``mp3d.held_out_scans``;
 * ``procedural:SPLIT:N``: ``N`` procedural homes of split ``train``, ``val`` or ``test``;
   ``procedural:SPLIT:A-B``: its homes ``A`` to ``B - 1``.
 
@@ -31,6 +34,7 @@ from trajrag.safe_pickle import CorruptFileError, UnsafePickleError
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_io import EpisodeError, episode_source, read_episodes
 from trajrag.world.gibson import GibsonFormatError, category_name, load_config, load_gibson_scenes
+from trajrag.world.mp3d import Mp3dFormatError, is_mp3d_folder, load_mp3d_scenes
 from trajrag.world.scene import Scene
 
 SPLITS = ("train", "val", "test")
@@ -44,7 +48,7 @@ class DatasetError(ValueError):
 
 # Every error bad data or a bad spec raises here, each with a message naming the file/episode:
 # commands catch these (with FileNotFoundError and ConfigError) and print one line.
-DATA_ERRORS = (DatasetError, EpisodeError, GibsonFormatError, CorruptFileError, UnsafePickleError)
+DATA_ERRORS = (DatasetError, EpisodeError, GibsonFormatError, Mp3dFormatError, CorruptFileError, UnsafePickleError)
 
 
 # -- scenes ---------------------------------------------------------------------------------
@@ -56,18 +60,24 @@ def load_scenes(spec: str, overrides: Sequence[str] = ()) -> list[Scene]:
 
         return list(procedural_scenes(split, n, config_mod.load("procedural", overrides), start=start))
     path, _, selection = spec.partition("@")
-    scenes = _gibson_scenes(Path(path).expanduser(), spec, overrides)
-    return _select(scenes, selection, spec, overrides) if selection else scenes
+    folder = Path(path).expanduser()
+    if is_mp3d_folder(folder):
+        mp3d = config_mod.load("mp3d", overrides)
+        scenes = load_mp3d_scenes(folder, mp3d)
+        held_out, setting = mp3d.held_out_scans, "mp3d.held_out_scans"
+    else:
+        scenes = _gibson_scenes(folder, spec, overrides)
+        held_out, setting = load_config(overrides).held_out_scenes, "gibson.held_out_scenes"
+    return _select(scenes, selection, spec, set(held_out), setting) if selection else scenes
 
 
-def _select(scenes: list[Scene], selection: str, spec: str, overrides: Sequence[str]) -> list[Scene]:
-    """The ``@held_out`` / ``@rest`` part of a Gibson spec (scene names as in the file, any floor)."""
-    held_out = set(load_config(overrides).held_out_scenes)
+def _select(scenes: list[Scene], selection: str, spec: str, held_out: set[str], setting: str) -> list[Scene]:
+    """The ``@held_out`` / ``@rest`` part of a real-home spec (scene names as in the data, any floor)."""
     if selection not in ("held_out", "rest"):
         raise DatasetError(f"scene spec {spec!r}: expected @held_out or @rest after the path, got @{selection}")
     keep = [s for s in scenes if (s.name.split("/")[1] in held_out) == (selection == "held_out")]
     if not keep:
-        raise DatasetError(f"scene spec {spec!r}: no scene left (gibson.held_out_scenes = {sorted(held_out)})")
+        raise DatasetError(f"scene spec {spec!r}: no scene left ({setting} = {sorted(held_out)})")
     return keep
 
 
@@ -103,14 +113,16 @@ def _gibson_scenes(path: Path, spec: str, overrides: Sequence[str]) -> list[Scen
     if path.is_dir():
         files = sorted(path.glob("*_info.pbz2"))
         if not files:
-            raise DatasetError(f"scene spec {spec!r}: folder has no *_info.pbz2 Gibson semantic maps")
+            raise DatasetError(f"scene spec {spec!r}: folder has no *_info.pbz2 Gibson semantic maps "
+                               f"and no <scan>/BEV_semantic_map.npy MP3D scans")
     elif path.is_file():
         if not path.name.endswith(".pbz2"):
             raise DatasetError(f"scene spec {spec!r}: expected a Gibson *_info.pbz2 file")
         files = [path]
     else:
         raise DatasetError(f"scene spec {spec!r}: no such file or folder; expected a Gibson "
-                           f"*_info.pbz2 file (or a folder of them) or procedural:SPLIT:N")
+                           f"*_info.pbz2 file (or a folder of them), a folder of MP3D scans "
+                           f"(<scan>/BEV_semantic_map.npy) or procedural:SPLIT:N")
     cfg = load_config(overrides)
     scenes: list[Scene] = []
     for file in files:
