@@ -1,4 +1,4 @@
-"""Shared test fixtures. The Gibson data is used in place from ../shared/data (never copied)."""
+"""Shared test fixtures. The Gibson and MP3D data are used in place from ../shared/data (never copied)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TRAJRAG_SHARED_DATA", REPO.parent / "shared" / "data"))
 GIBSON_TRAIN = SHARED_DATA / "gibson-objectnav-v1.1" / "train" / "train_info.pbz2"
+MP3D_SCANS = SHARED_DATA / "mp3d-bev" / "scenes"
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +18,13 @@ def gibson_train_path() -> Path:
     if not GIBSON_TRAIN.is_file():
         pytest.fail(f"Gibson semantic maps not found at {GIBSON_TRAIN}; set TRAJRAG_SHARED_DATA")
     return GIBSON_TRAIN
+
+
+@pytest.fixture(scope="session")
+def mp3d_scans_path() -> Path:
+    if not MP3D_SCANS.is_dir():
+        pytest.fail(f"MP3D semantic maps not found at {MP3D_SCANS}; set TRAJRAG_SHARED_DATA")
+    return MP3D_SCANS
 
 
 @pytest.fixture(scope="session")

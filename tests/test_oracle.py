@@ -146,10 +146,15 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
 def test_sim_bench_reports_steps_and_oracle_figures(capsys):
     from trajrag.cli import main
 
-    assert main(["bench", "sim", "--quick", "--json", "--set", "bench.oracle_procedural_scenes=procedural:val:3"]) == 0
+    two_scans = ["--set", "mp3d.held_out_scans=[17DRP5sb8fy,HxpKQynjfin]",
+                 "--set", "bench.mp3d_scenes=../shared/data/mp3d-bev/scenes@held_out"]
+    assert main(["bench", "sim", "--quick", "--json", "--set", "bench.oracle_procedural_scenes=procedural:val:3",
+                 *two_scans]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["oracle_episodes"] == 3 and out["oracle_sr"] == 1.0 and 0.85 <= out["oracle_spl"] <= 1.0
     assert out["oracle_episodes_gibson"] == 25 and out["oracle_sr_gibson"] == 1.0
+    assert out["oracle_episodes_mp3d"] == 2 and out["oracle_sr_mp3d"] == 1.0
+    assert out["largest_mp3d_scene"] == "mp3d/17DRP5sb8fy/0" and out["steps_per_s_640x480_largest_mp3d"] > 0
     assert out["steps_per_s_640x480"] > 0 and out["steps_per_s_160x120"] > out["steps_per_s_640x480"]
     assert main(["bench", "sim", "--quick", "--set", "bench.oracle_procedural_scenes=procedural:vall:2"]) == 2
     assert "vall" in capsys.readouterr().err

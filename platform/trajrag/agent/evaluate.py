@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -46,7 +47,7 @@ _LEGACY_FORMAT = "no run.json (before trajrag-eval-run/1)"
 JOB_SECTIONS = ("eval_job", "run")
 # The sections that make the world and the episodes, the same for every planner: two runs paired
 # episode by episode must agree on them (``compare_runs`` says where they do not).
-WORLD_SECTIONS = ("sim", "episodes", "perception", "procedural", "gibson")
+WORLD_SECTIONS = ("sim", "episodes", "perception", "procedural", "gibson", "mp3d")
 # The metrics a summary reads from each record (all of ``EpisodeMetrics``); a paired comparison
 # reads only success and SPL, so records written by hand or by an older trajrag still pair.
 SUMMARY_METRICS = tuple(f.name for f in fields(EpisodeMetrics))
@@ -262,7 +263,8 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
     trained again or a value fitted again at the same path makes other episodes. For planners
     that retrieve, the memory's chunk and group counts and its chunks' encoder versions (the
     counts left out in lifelong mode, where the run itself grows the memory); for planners that
-    score with a value model, the model file's SHA-256 (first 16 hex digits)."""
+    score with a value model, the model file's SHA-256 (first 16 hex digits). A memory may mix
+    datasets: ``memory.datasets`` counts its chunks per dataset (``memory_datasets``)."""
     inputs: dict = {}
     store_uri = config.load("retrieval", overrides).store if planner in RETRIEVING_AGENTS else ""
     if store_uri:
@@ -270,16 +272,24 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
 
         store = MemoryStore(store_uri, read_only=True)
         try:
-            versions = store.read("chunks", ["encoder_version"]).column("encoder_version").to_pylist()
+            chunks = store.read("chunks", ["encoder_version", "scene_hint"])
+            versions = chunks.column("encoder_version").to_pylist()
             inputs["memory"] = {"encoder_versions": sorted({v for v in versions if v})}
             if not lifelong:
-                inputs["memory"].update(chunks=store.count("chunks"), groups=store.count_groups())
+                inputs["memory"].update(chunks=store.count("chunks"), groups=store.count_groups(),
+                                        datasets=memory_datasets(chunks.column("scene_hint").to_pylist()))
         finally:
             store.close()
     value_model = config.load("scoring", overrides).value_model if planner in VALUE_AGENTS else ""
     if value_model:
         inputs["value_model_sha256"] = hashlib.sha256(Path(value_model).read_bytes()).hexdigest()[:16]
     return inputs
+
+
+def memory_datasets(scene_names: Sequence[str]) -> dict[str, int]:
+    """Chunks per dataset, the first part of each chunk's scene name (``mp3d/<scan>/0`` -> mp3d,
+    ``gibson/<Scene>/0`` -> gibson, ``procedural/train/0003`` -> procedural)."""
+    return dict(sorted(Counter(str(name).split("/")[0] for name in scene_names if name).items()))
 
 
 @contextlib.contextmanager

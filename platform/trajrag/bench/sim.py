@@ -123,8 +123,9 @@ def measure_steps_per_s(width: int, height: int, n_steps: int,
     return n_steps / elapsed
 
 
-def run(args: argparse.Namespace) -> dict:
-    """The ``sim`` bench: steps/s at 640x480 and 160x120 (depth + semantic), one core.
+def run(args: argparse.Namespace, scene: Optional[Scene] = None, suffix: str = "") -> dict:
+    """The ``sim`` bench: steps/s at 640x480 and 160x120 (depth + semantic), one core, on ``scene``
+    (default ``bench_scene()``); ``suffix`` ends every key (a second scene's figures beside the first).
 
     ``steps_per_s_WxH`` is wall-clock; ``cpu_steps_per_s_WxH`` counts this process's CPU time
     only (the same on an idle machine; higher when other processes share the core).
@@ -132,10 +133,10 @@ def run(args: argparse.Namespace) -> dict:
     quick = bool(getattr(args, "quick", False))
     overrides = list(getattr(args, "overrides", None) or [])
     n_steps = _QUICK_STEPS if quick else _FULL_STEPS
-    scene = bench_scene()
-    result: dict = {"sim_scene": scene.name}
+    scene = scene if scene is not None else bench_scene()
+    result: dict = {} if suffix else {"sim_scene": scene.name}
     for w, h in ((640, 480), (160, 120)):
         for prefix, clock in (("", "wall"), ("cpu_", "cpu")):
             rate = measure_steps_per_s(w, h, n_steps, scene=scene, overrides=overrides, clock=clock)
-            result[f"{prefix}steps_per_s_{w}x{h}"] = round(rate, 1)
+            result[f"{prefix}steps_per_s_{w}x{h}{suffix}"] = round(rate, 1)
     return result

@@ -30,8 +30,9 @@ DESCRIPTION = """\
 Run one benchmark and print its figures as one JSON object (never part of the timed
 tests).
 
-  sim         simulator steps/s at 640x480 and 160x120 on one core (1000 steps);
-              oracle SR/SPL on procedural and Gibson homes
+  sim         simulator steps/s at 640x480 and 160x120 on one core (1000 steps),
+              on a procedural home and on the largest MP3D home; oracle SR/SPL
+              on procedural, Gibson and MP3D homes
               (bench.oracle_*episodes_per_scene); --quick: 100 steps,
               bench.quick_episodes_per_scene episodes per home
   topo        navigator ms per step and topo-polar conversion (4 val homes x 2

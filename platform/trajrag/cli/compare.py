@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "repeat across generated seeds, so never across folders), pools the pairs and prints, per run: "
         "episodes, sr, spl, the baseline's sr and spl, d_sr and d_spl (run - baseline, fractions) with "
         "95% paired bootstrap intervals, and each folder's own d_sr and d_spl. It warns where a run and the "
-        "baseline were walked with other world settings (sim, episodes, perception, procedural, gibson; "
+        "baseline were walked with other world settings (sim, episodes, perception, procedural, gibson, mp3d; "
         "from their run.json).",
         epilog="example, a 5-fold x 3-seed Gibson cross-validation: trajrag compare runs/gibson/F*/O* "
         "--baseline frontier --runs trajrag",

@@ -16,7 +16,10 @@ from collections import defaultdict
 
 from trajrag.cli import add_override_arg
 
-SCENES_HELP = "a Gibson *_info.pbz2 file (or folder of them), or procedural:SPLIT:N (N homes of train/val/test; SPLIT:A-B for homes A..B-1)"
+SCENES_HELP = ("a Gibson *_info.pbz2 file (or folder of them), a folder of Matterport3D scans "
+               "(<scan>/BEV_semantic_map.npy), either with @held_out or @rest (the held-out homes of "
+               "configs/gibson.yaml / mp3d.yaml, or the others), or procedural:SPLIT:N (N homes of "
+               "train/val/test; SPLIT:A-B for homes A..B-1)")
 EPISODES_HELP = "a habitat-layout folder of *_episodes.json.gz files, or generated:K[:SEED] (K episodes per scene)"
 
 
@@ -49,7 +52,8 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tuple = ()) -> dict:
-    """The doctor's report as a dict (keys: episodes, starts_traversable, goals_reachable, ...).
+    """The doctor's report as a dict (keys: episodes, starts_traversable, goals_reachable, ...,
+    scenes_without_episodes: scene name -> why none was generated or listed there).
 
     ``starts_traversable`` and ``goals_reachable`` count episodes; ``*_frac`` give the fractions.
     Raises the dataset errors of ``world.datasets`` on input that cannot be read.
@@ -57,7 +61,7 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
     from trajrag import config
     from trajrag.cli import UserError
     from trajrag.world.datasets import load_episodes, validate_episodes, load_scenes
-    from trajrag.world.episode_gen import scene_goal_field
+    from trajrag.world.episode_gen import scene_goal_field, why_no_episodes
 
     scenes = load_scenes(scene_spec, overrides)
     if not scenes:
@@ -110,6 +114,10 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
             for name, row in sorted(per_category.items())
         },
         "problems": problems,
+        "scenes_without_episodes": {
+            scene.name: why_no_episodes(scene, cfg) for scene in scenes
+            if scene.name not in {episode.scene_key for episode in episodes}
+        },
     }
 
 
@@ -123,3 +131,5 @@ def _print_table(report: dict) -> None:
         print(f"{name:<14}{row['episodes']:>10}{row['reachable']:>11}{(geo if geo is not None else float('nan')):>12.2f}")
     for line in report["problems"][:20]:
         print(f"  problem: {line}")
+    for name, why in report["scenes_without_episodes"].items():
+        print(f"  no episodes in {name}: {why}")

@@ -143,10 +143,14 @@ def load_episodes(spec: str, scenes: Sequence[Scene], overrides: Sequence[str] =
     """
     if spec.startswith(GENERATED_PREFIX):
         k, seed = parse_generated_spec(spec)
-        from trajrag.world.episode_gen import generate_episodes  # lazy: only generated specs need it
+        from trajrag.world.episode_gen import generate_episodes, why_no_episodes  # lazy: generated specs only
 
         cfg = config_mod.load("episodes", overrides)
         episodes = list(generate_episodes(list(scenes), k, cfg, cfg.seed if seed is None else seed))
+        if not episodes:
+            reasons = "; ".join(f"{scene.name}: {why_no_episodes(scene, cfg)}" for scene in scenes[:5])
+            more = f"; and {len(scenes) - 5} more scenes" if len(scenes) > 5 else ""
+            raise DatasetError(f"episode spec {spec!r}: no episode could be generated ({reasons}{more})")
     else:
         gibson = load_config(overrides)
         known = {category_name(c, gibson) for c in gibson.channels}

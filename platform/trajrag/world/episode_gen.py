@@ -187,6 +187,16 @@ def present_goal_categories(scene: Scene, cfg: EpisodeConfig) -> list[str]:
     return [c for c in cfg.goal_categories if c in present and scene_goal_field(scene, c, cfg).reachable]
 
 
+def why_no_episodes(scene: Scene, cfg: EpisodeConfig) -> str:
+    """Why ``scene`` yields no episodes under ``cfg`` (for error messages and the dataset doctor)."""
+    present = set(scene.present_categories())
+    goals = [c for c in cfg.goal_categories if c in present]
+    if not goals:
+        return f"no object of any goal category {list(cfg.goal_categories)} (episodes.goal_categories)"
+    return (f"goal categories {goals} are present, but none has a start {cfg.min_geodesic:g}-{cfg.max_geodesic:g} m "
+            f"away from which the agent can walk into its goal region")
+
+
 def _start_cells(field: GoalField, islands_ok: np.ndarray, cfg: EpisodeConfig) -> np.ndarray:
     d = field.distance
     ok = islands_ok & np.isfinite(d) & (d >= cfg.min_geodesic) & (d <= cfg.max_geodesic)

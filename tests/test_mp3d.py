@@ -1,0 +1,139 @@
+"""Matterport3D top-down semantic maps -> scenes: frame, labels, the restricted unpickler, episodes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import ndimage
+from numpy.lib import format as npy_format
+
+from trajrag import config
+from trajrag.cli.episodes import check_dataset
+from trajrag.safe_pickle import UnsafePickleError
+from trajrag.world.datasets import DatasetError, load_episodes, load_scenes
+from trajrag.world.frames import habitat_to_map_xy
+from trajrag.world.mp3d import BEV_FILE, load_mp3d_scenes
+
+WALL, FLOOR, CHAIR, TABLE, TOILET, DOOR = 1, 2, 3, 5, 18, 4
+MIN_X, MIN_Z = 480, 470  # the crop's first column (habitat X) and row (habitat Z) in the 1000 x 1000 grid
+
+
+def write_scan(folder: Path, scan: str, labels: np.ndarray) -> Path:
+    """A scan laid out as the release: ``<folder>/scenes/<scan>/BEV_semantic_map.npy``."""
+    path = folder / "scenes" / scan / BEV_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bev = {"min_x": np.int64(MIN_X), "max_x": np.int64(MIN_X + labels.shape[1]), "min_z": np.int64(MIN_Z),
+           "max_z": np.int64(MIN_Z + labels.shape[0]), "min_X": -50.0, "max_X": 50.0, "min_Z": -50.0,
+           "max_Z": 50.0, "W": 1000, "H": 1000, "semantic_map": labels.astype(np.int64)}
+    np.save(path, np.array(bev, dtype=object), allow_pickle=True)
+    return path
+
+
+def two_rooms(with_toilet: bool = True) -> np.ndarray:
+    """Rows run along habitat Z, columns along X (10 cm): two 3 m x 4 m rooms joined by a doorway,
+    a chair in the first, a toilet in the second, void outside the walls."""
+    labels = np.zeros((40, 90), dtype=np.int64)
+    labels[2:38, 2:88] = WALL
+    labels[4:36, 4:44] = FLOOR
+    labels[4:36, 46:86] = FLOOR
+    labels[18:24, 44:46] = FLOOR  # the doorway
+    labels[10:14, 10:14] = CHAIR
+    if with_toilet:
+        labels[28:32, 78:82] = TOILET
+    labels[4:6, 40:44] = DOOR  # an open door against the wall
+    return labels
+
+
+@pytest.fixture()
+def scan_folder(tmp_path):
+    write_scan(tmp_path, "synthAAAAAA", two_rooms())
+    return tmp_path
+
+
+def habitat_cell(scene, x: float, z: float) -> tuple[int, int]:
+    return tuple(scene.to_cell(habitat_to_map_xy((x, 0.0, z))))
+
+
+def test_a_synthetic_scan_loads_in_the_habitat_frame_with_its_labels(scan_folder):
+    (scene,) = load_scenes(str(scan_folder / "scenes"))
+    assert scene.name == "mp3d/synthAAAAAA/0" and scene.meta["dataset"] == "mp3d"
+    assert scene.cell_size == pytest.approx(0.05) and scene.shape == (180, 80)  # transposed, 2x finer
+
+    def at(row: int, col: int) -> tuple[float, float]:
+        """Habitat (X, Z) of the centre of BEV cell (row, col), by the data README's formula."""
+        return (col + MIN_X + 0.5) * 0.1 - 50, (row + MIN_Z + 0.5) * 0.1 - 50
+
+    chair = scene.category_id("chair")
+    assert scene.category_map[habitat_cell(scene, *at(11, 11))] == chair
+    assert scene.category_map[habitat_cell(scene, *at(29, 79))] == scene.category_id("toilet")
+    assert scene.is_traversable(habitat_to_map_xy((at(20, 20)[0], 0.0, at(20, 20)[1])))
+    # walls, void and structure labels are walls; floor and objects are not; objects hide the floor
+    assert not scene.floor[habitat_cell(scene, *at(3, 20))]       # wall
+    assert not scene.floor[habitat_cell(scene, *at(0, 0))]        # void
+    assert not scene.floor[habitat_cell(scene, *at(5, 41))]       # door (wall_labels)
+    assert scene.floor[habitat_cell(scene, *at(11, 11))] and not scene.traversable[habitat_cell(scene, *at(11, 11))]
+    # one source cell of floor is eroded off every edge: the floor's first row is not agent space
+    assert not scene.traversable[habitat_cell(scene, *at(4, 20))]
+    assert scene.traversable[habitat_cell(scene, *at(5, 20))]
+    # the doorway (6 source cells wide) still joins the rooms after the erosion
+    assert ndimage.label(scene.traversable)[1] == 1
+    assert set(scene.present_categories()) == {"chair", "toilet"}
+
+
+def test_held_out_and_rest_split_the_scans_by_the_config_list(tmp_path):
+    for scan in ("scanA", "scanB", "scanC"):
+        write_scan(tmp_path, scan, two_rooms())
+    overrides = ["mp3d.held_out_scans=[scanB]"]
+    assert [s.name for s in load_scenes(f"{tmp_path}@held_out", overrides)] == ["mp3d/scanB/0"]
+    assert [s.name for s in load_scenes(f"{tmp_path}@rest", overrides)] == ["mp3d/scanA/0", "mp3d/scanC/0"]
+    with pytest.raises(DatasetError, match="mp3d.held_out_scans"):
+        load_scenes(f"{tmp_path}@held_out", ["mp3d.held_out_scans=[elsewhere]"])
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/trajrag-mp3d-pwned",))
+
+
+def test_a_pickle_naming_anything_but_arrays_and_containers_is_refused_before_it_runs(tmp_path):
+    path = tmp_path / "scenes" / "evil" / BEV_FILE
+    path.parent.mkdir(parents=True)
+    payload = pickle.dumps(np.array({"semantic_map": _RunsCode()}, dtype=object), protocol=3)
+    header = io.BytesIO()
+    npy_format.write_array_header_1_0(header, {"descr": "|O", "fortran_order": False, "shape": ()})
+    path.write_bytes(header.getvalue() + payload)  # the header writer adds the magic
+    with pytest.raises(UnsafePickleError, match=r"evil/BEV_semantic_map.npy: refusing to load global posix.system"):
+        load_mp3d_scenes(tmp_path, config.load("mp3d"))
+    assert not Path("/tmp/trajrag-mp3d-pwned").exists()
+
+
+def test_a_scan_without_the_goal_category_gives_an_error_naming_it(tmp_path):
+    write_scan(tmp_path, "notoilet", two_rooms(with_toilet=False))
+    scenes = load_scenes(str(tmp_path))
+    with pytest.raises(DatasetError, match=r"mp3d/notoilet/0: no object of any goal category \['toilet'\]"):
+        load_episodes("generated:3", scenes, ["episodes.goal_categories=[toilet]"])
+    report = check_dataset(str(tmp_path), "generated:4", ["episodes.goal_categories=[chair,toilet]"])
+    assert report["per_category"]["chair"]["episodes"] == 4 and "toilet" not in report["per_category"]
+
+
+def test_generated_episodes_on_a_synthetic_scan_start_on_floor_and_reach_the_goal(scan_folder):
+    report = check_dataset(str(scan_folder), "generated:6", [])
+    assert report["episodes"] == 6 and report["starts_traversable_frac"] == 1.0
+    assert report["goals_reachable_frac"] == 1.0 and set(report["per_category"]) == {"chair", "toilet"}
+    assert report["scenes_without_episodes"] == {}
+
+
+def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(mp3d_scans_path):
+    report = check_dataset(f"{mp3d_scans_path}@held_out", "generated:2", ["mp3d.held_out_scans=[17DRP5sb8fy,s8pcmisQ38h]"])
+    assert report["scenes"] == 2 and report["episodes"] == 4 and report["problems"] == []
+    assert report["starts_traversable_frac"] == 1.0 and report["goals_reachable_frac"] == 1.0
+    wide = check_dataset(f"{mp3d_scans_path}@held_out", "generated:12",
+                         ["mp3d.held_out_scans=[17DRP5sb8fy]"] + config.preset_overrides(["mp3d21"]))
+    assert len(wide["per_category"]) >= 8 and wide["goals_reachable_frac"] == 1.0
+    assert json.dumps(wide)  # the --json output is plain data
