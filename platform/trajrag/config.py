@@ -42,7 +42,7 @@ SECTIONS: dict[str, str] = {
     "navigator": "trajrag.agent.navigator:NavigatorConfig",
     "gibson": "trajrag.world.gibson:GibsonConfig",
     "mp3d": "trajrag.world.mp3d:Mp3dConfig",
-    "perception": "trajrag.perception.oracle:PerceptionConfig",
+    "perception": "trajrag.perception.config:PerceptionConfig",
     "mapping": "trajrag.mapping.semantic_map:MappingConfig",
     "policy": "trajrag.mapping.local_policy:PolicyConfig",
     "topo": "trajrag.topo.trajectory:TopoConfig",

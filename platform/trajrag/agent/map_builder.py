@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from trajrag.mapping.semantic_map import MappingConfig, SemanticMap, SemanticMapper
-from trajrag.perception.oracle import OracleSegmenter, PerceptionConfig
+from trajrag.perception.config import PerceptionConfig
+from trajrag.perception.oracle import OracleSegmenter
 from trajrag.topo.candidates import map_place
 from trajrag.topo.trajectory import TopoConfig, TopoPolarTrajectory, build_topo_polar, topo_graph
 from trajrag.world.episode import ObjectNavEpisode

@@ -5,6 +5,7 @@
 """
 
 from trajrag.perception.base import ObjectSegmenter, check_masks
-from trajrag.perception.oracle import OracleSegmenter, PerceptionConfig
+from trajrag.perception.config import PerceptionConfig
+from trajrag.perception.oracle import OracleSegmenter
 
 __all__ = ["ObjectSegmenter", "OracleSegmenter", "PerceptionConfig", "check_masks"]

@@ -19,49 +19,13 @@ seed and the same frames give the same masks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from scipy import ndimage as ndi
 from skimage.draw import disk
 
 from trajrag.perception.base import check_masks
+from trajrag.perception.config import PerceptionConfig, validate_config
 from trajrag.world.interface import Observations
-
-
-@dataclass
-class PerceptionConfig:
-    """Noise model of the oracle segmenter (all rates are probabilities in [0, 1]).
-
-    miss_rate: probability that a visible instance is missing from a frame.
-    false_positives_per_frame: mean number (Poisson) of spurious blobs per frame.
-    false_positive_radius_px: [min, max] radius in pixels of a spurious blob (uniform integer).
-    confusion_rate: probability that a detected instance is relabelled with a confusable category.
-    confusable: category name -> names it may be mistaken for.
-    erosion_px: pixels removed at every instance boundary (0 = exact masks).
-    """
-
-    miss_rate: float
-    false_positives_per_frame: float
-    false_positive_radius_px: list[int]
-    confusion_rate: float
-    confusable: dict[str, list[str]]
-    erosion_px: int
-
-
-def validate_config(cfg: PerceptionConfig) -> None:
-    """``ValueError`` naming the key if a noise parameter is out of range."""
-    for key in ("miss_rate", "confusion_rate"):
-        value = getattr(cfg, key)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"perception.{key} must be in [0, 1], got {value}")
-    if cfg.false_positives_per_frame < 0:
-        raise ValueError(f"perception.false_positives_per_frame must be >= 0, got {cfg.false_positives_per_frame}")
-    radius = list(cfg.false_positive_radius_px)
-    if len(radius) != 2 or not 1 <= radius[0] <= radius[1]:
-        raise ValueError(f"perception.false_positive_radius_px must be [min, max] with 1 <= min <= max, got {radius}")
-    if cfg.erosion_px < 0:
-        raise ValueError(f"perception.erosion_px must be >= 0, got {cfg.erosion_px}")
 
 
 class OracleSegmenter:

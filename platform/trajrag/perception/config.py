@@ -1,0 +1,76 @@
+"""Perception settings (``configs/perception.yaml``): which segmenter runs, and its parameters.
+
+Kept apart from the segmenters so that reading the settings never imports torch: the oracle
+(``perception/oracle.py``) is numpy only; the GroundingDINO + SAM adapter
+(``perception/grounded_sam.py``) imports torch and transformers when it is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEGMENTERS = ("oracle", "grounded-sam")
+
+
+@dataclass
+class GroundedSamConfig:
+    """GroundingDINO (boxes from a text prompt) + SAM / MobileSAM (a mask per box), transformers classes.
+
+    grounding_dino_path, sam_path: local folders of Hugging Face checkpoints (config.json +
+    weights); never downloaded. box_threshold, text_threshold: GroundingDINO's score thresholds
+    (box confidence, token-to-phrase). max_detections: boxes kept per frame, best first.
+    """
+
+    grounding_dino_path: str
+    sam_path: str
+    box_threshold: float
+    text_threshold: float
+    max_detections: int
+
+
+@dataclass
+class PerceptionConfig:
+    """Which segmenter runs and the oracle's error model (all rates are probabilities in [0, 1]).
+
+    profile: the name of the error profile these values are (``oracle`` for exact semantics;
+    ``configs/presets/perception_*.yaml`` set the others), recorded with every run.
+    segmenter: ``oracle`` (the simulator's semantics + this error model) or ``grounded-sam``.
+    device: torch device of a learned segmenter (``cpu``, ``cuda``, ``auto``: cuda when present).
+    grounded_sam: the GroundingDINO + SAM adapter's settings.
+    miss_rate: probability that a visible instance is missing from a frame.
+    false_positives_per_frame: mean number (Poisson) of spurious blobs per frame.
+    false_positive_radius_px: [min, max] radius in pixels of a spurious blob (uniform integer).
+    confusion_rate: probability that a detected instance is relabelled with a confusable category.
+    confusable: category name -> names it may be mistaken for.
+    erosion_px: pixels removed at every instance boundary (0 = exact masks).
+    """
+
+    profile: str
+    segmenter: str
+    device: str
+    grounded_sam: GroundedSamConfig
+    miss_rate: float
+    false_positives_per_frame: float
+    false_positive_radius_px: list[int]
+    confusion_rate: float
+    confusable: dict[str, list[str]]
+    erosion_px: int
+
+
+def validate_config(cfg: PerceptionConfig) -> None:
+    """``ValueError`` naming the key if a noise parameter is out of range."""
+    if cfg.segmenter not in SEGMENTERS:
+        raise ValueError(f"perception.segmenter must be one of {list(SEGMENTERS)}, got {cfg.segmenter!r}")
+    for key in ("miss_rate", "confusion_rate"):
+        value = getattr(cfg, key)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"perception.{key} must be in [0, 1], got {value}")
+    if cfg.false_positives_per_frame < 0:
+        raise ValueError(f"perception.false_positives_per_frame must be >= 0, got {cfg.false_positives_per_frame}")
+    radius = list(cfg.false_positive_radius_px)
+    if len(radius) != 2 or not 1 <= radius[0] <= radius[1]:
+        raise ValueError(f"perception.false_positive_radius_px must be [min, max] with 1 <= min <= max, got {radius}")
+    if cfg.erosion_px < 0:
+        raise ValueError(f"perception.erosion_px must be >= 0, got {cfg.erosion_px}")
+
+
