@@ -59,8 +59,8 @@ class MapBuilder:
     def observe(self, obs: Observations) -> bool:
         """Fuse one frame; False if it was skipped (bad pose or depth), with a warning."""
         try:
-            masks = self.segmenter.segment(obs)
-            updated = self.mapper.update(obs.depth, masks, obs.pose)
+            masks, scores = self.segmenter.segment_with_scores(obs)
+            updated = self.mapper.update(obs.depth, masks, obs.pose, scores)
         except ValueError as exc:
             self.skipped_frames += 1
             log.warning("episode %s: frame skipped: %s", self.episode.episode_id if self.episode else "?", exc)

@@ -22,6 +22,7 @@ import numpy as np
 from skimage.graph import MCP_Geometric
 
 from trajrag.agent.map_builder import MapBuilder
+from trajrag.agent.verification import GoalVerifier, Verdict
 from trajrag.mapping.frontiers import Frontier, find_frontiers
 from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
 from trajrag.mapping.semantic_map import dilate_disk
@@ -50,6 +51,10 @@ class NavigatorConfig:
     frontier_hysteresis_m: float
     max_retrace_moves: int
     walled_in_clearance_m: float
+    verify_views: int
+    verify_min_share: float
+    verify_radius_m: float
+    verify_reject_radius_m: float
 
     def __post_init__(self) -> None:
         if not self.walled_in_clearance_m >= 0:
@@ -67,6 +72,7 @@ class NavigatorStats:
     retrace_moves: int = 0
     clearance_narrowed: bool = False  # walled in: planned with walled_in_clearance_m (Navigator._narrow_clearance)
     stop_reason: str = ""  # "goal_in_reach", "goal_reached_waypoint" or "no_frontier_left"
+    goals_rejected: int = 0  # mapped goals that verification found not there (agent/verification.py)
     step_ms: list[float] = field(default_factory=list)
     decision_ms: list[float] = field(default_factory=list)
 
@@ -84,6 +90,9 @@ class Navigator:
         self.topo_cfg = topo_cfg
         self.seed = seed
         self.stats = NavigatorStats()
+        intrinsics = builder.mapper.intrinsics
+        self.verifier = GoalVerifier(cfg.verify_views, cfg.verify_min_share, cfg.verify_radius_m,
+                                     math.atan2(intrinsics.width / 2.0, intrinsics.focal))
         # Called as observer(ctx, choice, planner) after each planner decision; evaluation hooks
         # the decision audit here (agent/decisions.py).
         self.decision_observer: Optional[Callable[[PlannerContext, int, Planner], None]] = None
@@ -118,6 +127,8 @@ class Navigator:
         self.goal_targets_left: set[tuple[float, float]] = set()  # the ones walked to before it
         self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
         self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
+        self.rejected_goal: Optional[np.ndarray] = None  # bool map: goal cells verification rejected
+        self.verifier.reset()
         self.stats = NavigatorStats()
 
     def act(self, obs: Observations) -> Action:
@@ -139,8 +150,10 @@ class Navigator:
             goal_xy = sem.to_xy(goal_cells)
             distances = np.linalg.norm(goal_xy - pose.xy, axis=1)
             if distances.min() <= self.cfg.stop_distance_m:
-                return self._stop("goal_in_reach")
-            if self._goal_worth_trying(pose.xy):
+                action = self._verified_stop("goal_in_reach", pose, goal_xy[int(np.argmin(distances))])
+                if action is not None:
+                    return action
+            elif self._goal_worth_trying(pose.xy):
                 target = self._stop_place(pose.xy, goal_cells)
                 if target is None:
                     target = self._approach_target(goal_xy, distances)
@@ -148,11 +161,44 @@ class Navigator:
                 if result.action is not None:
                     return result.action
                 if result.status == PolicyStatus.REACHED:
-                    return self._stop("goal_reached_waypoint")
+                    action = self._verified_stop("goal_reached_waypoint", pose, goal_xy[int(np.argmin(distances))])
+                    if action is not None:
+                        return action
+                    return self._explore(obs)
                 self.goal_blocked_at = pose.xy.copy()  # unreachable from here: explore on, retry later
                 self.goal_target, self.goal_targets_left = None, set()
                 self.waypoint = None
         return self._explore(obs)
+
+    def _verified_stop(self, reason: str, pose, target_xy: np.ndarray) -> Optional[Action]:
+        """STOP by the goal at ``target_xy`` once verification confirms it; the next look while it
+        is looking; None once it rejected the goal (its cells are then remembered and skipped)."""
+        cells = self.builder.mapper.last_object_cells.get(self.goal_channel)
+        detected = None if cells is None or not len(cells) else \
+            self.builder.map.to_xy(np.column_stack(np.unravel_index(cells, self.builder.map.shape)))
+        verdict, action = self.verifier.look(pose, target_xy, detected)
+        if verdict == Verdict.CONFIRMED:
+            return self._stop(reason)
+        if verdict == Verdict.LOOKING:
+            self.policy.interrupt()
+            return action
+        self._reject_goal(target_xy)
+        return None
+
+    def _reject_goal(self, target_xy: np.ndarray) -> None:
+        """Remember the goal cells within ``verify_reject_radius_m`` of ``target_xy`` as not the goal."""
+        sem = self.builder.map
+        if self.rejected_goal is None:
+            self.rejected_goal = np.zeros(sem.shape, dtype=bool)
+        cell = sem.to_cell(np.asarray(target_xy))
+        radius = int(math.ceil(self.cfg.verify_reject_radius_m / sem.cell_size))
+        r0, c0 = max(cell[0] - radius, 0), max(cell[1] - radius, 0)
+        rows, cols = np.ogrid[r0:cell[0] + radius + 1, c0:cell[1] + radius + 1]
+        self.rejected_goal[r0:cell[0] + radius + 1, c0:cell[1] + radius + 1] |= \
+            (rows - cell[0]) ** 2 + (cols - cell[1]) ** 2 <= radius ** 2
+        self.stats.goals_rejected += 1
+        self.goal_target, self.goal_targets_left = None, set()
+        self.waypoint = None
 
     def _stop_place(self, xy: np.ndarray, cells: np.ndarray) -> Optional[np.ndarray]:
         """Where to walk to STOP by the mapped goal (map-frame metres): of the cells within
@@ -400,7 +446,10 @@ class Navigator:
         if bbox is None:
             return None
         r0, r1, c0, c1 = bbox  # objects are only mapped inside the explored area
-        cells = np.argwhere(sem.objects[self.goal_channel, r0:r1, c0:c1])
+        goal = sem.objects[self.goal_channel, r0:r1, c0:c1]
+        if self.rejected_goal is not None:
+            goal = goal & ~self.rejected_goal[r0:r1, c0:c1]
+        cells = np.argwhere(goal)
         if len(cells) < self.cfg.goal_min_cells:
             return None
         return cells + np.array([r0, c0])

@@ -7,6 +7,7 @@ import importlib
 import json
 
 from trajrag.cli import add_override_arg
+from trajrag.perception.config import SEGMENTERS
 
 # name -> "module:function"; the function takes the parsed args and returns a JSON-able dict.
 BENCHES: dict[str, str] = {
@@ -21,6 +22,8 @@ BENCHES: dict[str, str] = {
     "scale": "trajrag.bench.scale:run",
     # the retrieved-experience lookup per decision on --chunks N past candidates, LanceDB vs numpy
     "experience": "trajrag.bench.experience:run",
+    # the object detector's ms per frame: --detector oracle (default) or grounded-sam
+    "perception": "trajrag.bench.perception:run",
 }
 
 
@@ -50,6 +53,10 @@ tests).
   experience  retrieved-experience lookup per decision on --chunks N past
               candidates, in memory vs LanceDB (experience_bench.rows);
               --quick: experience_bench.quick_rows
+  perception  ms per frame of the object detector (--detector oracle or
+              grounded-sam, on perception.device, weights from
+              perception.grounded_sam.*_path) at sim.width x sim.height, 30
+              frames; --quick: 5 frames
 """
 
 
@@ -66,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="folder for the temporary stores of store, scale and experience "
                              "(default: the system temp folder; a tmpfs such as /dev/shm leaves "
                              "the disk out of the figures)")
+    parser.add_argument("--detector", choices=SEGMENTERS, default="oracle",
+                        help="the segmenter the perception bench times (read by that bench only; "
+                             "grounded-sam needs perception.grounded_sam.grounding_dino_path and sam_path)")
     add_override_arg(parser)
     parser.set_defaults(func=_run)
 

@@ -74,7 +74,16 @@ class MappingConfig:
     self_explored_radius_m: float
     object_erosion_px: int
     object_min_pixels: int
+    mask_depth_edge_m: float
+    mask_depth_window_px: int
+    evidence_commit: float
+    evidence_min_ratio: float
     frontier: FrontierConfig
+
+    @property
+    def weighs_evidence(self) -> bool:
+        """Whether object cells wait for evidence (else one detection marks a cell for good)."""
+        return self.evidence_commit > 1.0 or self.evidence_min_ratio > 0.0
 
 
 def validate_config(cfg: MappingConfig) -> None:
@@ -92,9 +101,19 @@ def validate_config(cfg: MappingConfig) -> None:
         )
     if not 0.0 < cfg.no_return_fraction <= 1.0:
         raise ValueError(f"mapping.no_return_fraction must be in (0, 1], got {cfg.no_return_fraction}")
-    for key in ("self_explored_radius_m", "object_erosion_px", "object_min_pixels"):
+    for key in ("self_explored_radius_m", "object_erosion_px", "object_min_pixels", "mask_depth_edge_m",
+                "mask_depth_window_px", "evidence_commit"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"mapping.{key} must be >= 0, got {getattr(cfg, key)}")
+    if not 0.0 <= cfg.evidence_min_ratio <= 1.0 or cfg.evidence_commit > _EVIDENCE_MAX:
+        raise ValueError(f"mapping.evidence_min_ratio must be in [0, 1] and evidence_commit <= {_EVIDENCE_MAX}, "
+                         f"got {cfg.evidence_min_ratio}, {cfg.evidence_commit}")
+
+
+# Detection evidence per cell and category is kept in uint8 steps of 1/16 of a full-score view, so
+# a cell holds up to ~16 views' worth (more adds nothing to a commit decision of a few views).
+_EVIDENCE_STEP = 1.0 / 16.0
+_EVIDENCE_MAX = 255 * _EVIDENCE_STEP
 
 
 # -- grid helpers (cell <-> metres: world.frames.GridGeometry) ---------------------------------------
@@ -260,6 +279,12 @@ class SemanticMapper:
         self._range = min(cfg.max_range_m, intrinsics.max_depth)
         self._n_cells = int(round(cfg.map_size_m / cfg.cell_size_m))
         self._map: SemanticMap | None = None
+        # With mapping.evidence_*: summed detection scores (``_EVIDENCE_STEP`` units) per category
+        # and cell, and the number of frames that saw each cell (``reset`` allocates them).
+        self.evidence: np.ndarray | None = None
+        self.views: np.ndarray | None = None
+        # Flat map cells each category's masks marked in the last frame (verification reads them).
+        self.last_object_cells: dict[int, np.ndarray] = {}
 
     @property
     def map(self) -> SemanticMap:
@@ -273,15 +298,23 @@ class SemanticMapper:
         half = self._n_cells * self.cfg.cell_size_m / 2.0
         shape = (self._n_cells, self._n_cells)
         self._map = SemanticMap.empty(shape, self.categories, self.cfg.cell_size_m, (x - half, y - half))
+        if self.cfg.weighs_evidence:
+            self.evidence = np.zeros((len(self.categories), *shape), dtype=np.uint8)
+            self.views = np.zeros(shape, dtype=np.uint8)
+            self._best_score = np.zeros(self.views.size, dtype=np.float32)  # scratch, all 0 between frames
+        self.last_object_cells = {}
         return self._map
 
     # -- one frame ------------------------------------------------------------------------------
-    def update(self, depth: np.ndarray, masks: np.ndarray | None, pose: Pose2D) -> bool:
+    def update(self, depth: np.ndarray, masks: np.ndarray | None, pose: Pose2D,
+               scores: np.ndarray | None = None) -> bool:
         """Fuse one frame into the map; returns False (map untouched) if the frame has no depth return.
 
         depth: float (H, W) z-depth in metres, as ``Observations.depth``.
         masks: bool (N_o, H, W) in ``categories`` order, or None for no detections.
         pose: the agent pose in the map frame. ``ValueError`` if it is non-finite or off the map.
+        scores: float (H, W) detection score in [0, 1] per pixel (None: 1 wherever a mask is); the
+            evidence a pixel adds to its cell with ``mapping.evidence_*``.
         """
         sem = self.map
         x, y, yaw = pose_values(pose)
@@ -314,8 +347,11 @@ class SemanticMapper:
         self._mark_points(points)
         ranges = self._column_ranges(points, no_return)
         self._mark_visible(x, y, yaw, ranges)
+        self.last_object_cells = {}
+        if self.evidence is not None:
+            self._count_views(points)
         if masks is not None:
-            self._mark_objects(masks, points)
+            self._mark_objects(masks, points, z, scores)
         return True
 
     def _project(self, z: np.ndarray, hit: np.ndarray, x: float, y: float, yaw: float) -> dict[str, np.ndarray]:
@@ -400,9 +436,10 @@ class SemanticMapper:
             raise ValueError(f"object masks have shape {masks.shape}, expected {expected} (categories, H, W)")
         return masks
 
-    def _mark_objects(self, masks: np.ndarray, points: dict[str, np.ndarray]) -> None:
-        sem = self.map
+    def _mark_objects(self, masks: np.ndarray, points: dict[str, np.ndarray], z: np.ndarray,
+                      scores: np.ndarray | None) -> None:
         stride = self.cfg.pixel_stride
+        sampled_scores = None if scores is None else np.asarray(scores)[stride // 2 :: stride, stride // 2 :: stride]
         for k in range(masks.shape[0]):
             mask = masks[k]
             if not mask.any():
@@ -411,7 +448,56 @@ class SemanticMapper:
             if mask is None:
                 continue
             sampled = mask[stride // 2 :: stride, stride // 2 :: stride] & points["valid"]
-            sem.objects[k].reshape(-1)[points["flat"][sampled]] = True
+            if self.cfg.mask_depth_edge_m > 0:
+                sampled &= self._in_front_of_edges(sampled, z)
+            cells = points["flat"][sampled]
+            self.last_object_cells[k] = cells
+            if self.evidence is None:
+                self.map.objects[k].reshape(-1)[cells] = True
+            else:
+                self._add_evidence(k, cells, None if sampled_scores is None else sampled_scores[sampled])
+
+    def _in_front_of_edges(self, sampled: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """Bool over the sampled pixels: those no deeper than ``mask_depth_edge_m`` beyond the
+        nearest masked pixel around them (``mask_depth_window_px``). A mask spilling past an
+        object's outline lands on pixels far behind it; within one object depth changes smoothly."""
+        window = max(2 * int(math.ceil(self.cfg.mask_depth_window_px / self.cfg.pixel_stride / 2.0)) + 1, 3)
+        nearest = ndi.minimum_filter(np.where(sampled, z, np.inf), size=window, mode="constant", cval=np.inf)
+        return z <= nearest + self.cfg.mask_depth_edge_m
+
+    def _count_views(self, points: dict[str, np.ndarray]) -> None:
+        """One more view of every cell a valid pixel landed on; committed objects whose share of
+        detections falls under ``evidence_min_ratio`` are dropped (a false positive seen again)."""
+        seen = np.unique(points["flat"][points["valid"]])
+        views = self.views.reshape(-1)
+        views[seen] = np.minimum(views[seen].astype(np.int32) + 1, 255).astype(np.uint8)
+        if self.cfg.evidence_min_ratio > 0:
+            objects = self.map.objects.reshape(len(self.categories), -1)
+            marked = seen[objects[:, seen].any(axis=0)]
+            if marked.size:
+                objects[:, marked] &= self._ratio_ok(marked)
+
+    def _add_evidence(self, k: int, cells: np.ndarray, scores: np.ndarray | None) -> None:
+        """Add each cell's best score of this frame to category ``k``'s evidence; commit the cells
+        whose evidence reaches ``evidence_commit`` with a share of detections over the minimum."""
+        scores = np.ones(cells.size, dtype=np.float32) if scores is None else scores.astype(np.float32)
+        best = self._best_score
+        np.maximum.at(best, cells, scores)
+        unique = np.unique(cells)
+        steps = np.rint(best[unique] / _EVIDENCE_STEP).astype(np.int32)
+        best[unique] = 0.0
+        evidence = self.evidence[k].reshape(-1)
+        evidence[unique] = np.minimum(evidence[unique].astype(np.int32) + steps, 255).astype(np.uint8)
+        commit = evidence[unique] * _EVIDENCE_STEP >= self.cfg.evidence_commit - 1e-6
+        if self.cfg.evidence_min_ratio > 0:
+            commit &= self._ratio_ok(unique)[k]
+        self.map.objects[k].reshape(-1)[unique] = commit
+
+    def _ratio_ok(self, cells: np.ndarray) -> np.ndarray:
+        """Bool (N_o, len(cells)): evidence per view at least ``evidence_min_ratio``."""
+        evidence = self.evidence.reshape(len(self.categories), -1)[:, cells] * _EVIDENCE_STEP
+        views = np.maximum(self.views.reshape(-1)[cells], 1)
+        return evidence >= self.cfg.evidence_min_ratio * views - 1e-6
 
     def _clean_mask(self, mask: np.ndarray) -> np.ndarray | None:
         """Drop masks under ``object_min_pixels``; erode the rest inside their bounding box."""

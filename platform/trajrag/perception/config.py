@@ -43,6 +43,16 @@ class PerceptionConfig:
     confusion_rate: probability that a detected instance is relabelled with a confusable category.
     confusable: category name -> names it may be mistaken for.
     erosion_px: pixels removed at every instance boundary (0 = exact masks).
+    error_scale: multiplies miss_rate, confusion_rate, false_positives_per_frame and bleed_px (the
+        x axis of the robustness curves; 1 = the profile as written).
+    miss_halving_m: metres of distance over which an instance's detection probability halves
+        (0: distance does not matter). min_size_px: apparent size (square root of its pixel count,
+        at 640x480) below which detection probability falls in proportion (0: size does not matter).
+    bleed_px: pixels a detected mask spreads past the instance's outline, whatever lies there
+        (a box-prompted mask spilling onto the wall or floor behind the object).
+    confidence_floor: the lowest score a detection is reported with (the detector's box threshold).
+    false_positive_confidence: [min, max] score of a spurious blob (uniform).
+    confusion_confidence: factor on the part of a relabelled detection's score above the floor.
     """
 
     profile: str
@@ -55,6 +65,25 @@ class PerceptionConfig:
     confusion_rate: float
     confusable: dict[str, list[str]]
     erosion_px: int
+    error_scale: float
+    miss_halving_m: float
+    min_size_px: float
+    bleed_px: int
+    confidence_floor: float
+    false_positive_confidence: list[float]
+    confusion_confidence: float
+
+    def scaled(self, key: str) -> float:
+        """A rate (or ``bleed_px``) times ``error_scale``; rates stay probabilities."""
+        value = getattr(self, key) * self.error_scale
+        return min(value, 1.0) if key in ("miss_rate", "confusion_rate") else value
+
+    @property
+    def has_errors(self) -> bool:
+        """Whether any error of the model is on (else the masks are the exact oracle's)."""
+        knobs = (self.miss_rate, self.confusion_rate, self.false_positives_per_frame, self.bleed_px)
+        return (self.error_scale > 0 and any(k > 0 for k in knobs)) or self.erosion_px > 0 \
+            or self.miss_halving_m > 0 or self.min_size_px > 0
 
 
 def validate_config(cfg: PerceptionConfig) -> None:
@@ -72,5 +101,17 @@ def validate_config(cfg: PerceptionConfig) -> None:
         raise ValueError(f"perception.false_positive_radius_px must be [min, max] with 1 <= min <= max, got {radius}")
     if cfg.erosion_px < 0:
         raise ValueError(f"perception.erosion_px must be >= 0, got {cfg.erosion_px}")
+    for key in ("error_scale", "miss_halving_m", "min_size_px", "bleed_px"):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"perception.{key} must be >= 0, got {getattr(cfg, key)}")
+    low, high = (list(cfg.false_positive_confidence) + [None, None])[:2]
+    if len(cfg.false_positive_confidence) != 2 or not 0 <= low <= high <= 1 or not 0 <= cfg.confidence_floor <= 1 \
+            or not 0 <= cfg.confusion_confidence <= 1:
+        raise ValueError("perception: confidence_floor and confusion_confidence must be in [0, 1] and "
+                         f"false_positive_confidence [min, max] within [0, 1], got {cfg.confidence_floor}, "
+                         f"{cfg.confusion_confidence}, {cfg.false_positive_confidence}")
+    if cfg.profile != "oracle" and cfg.segmenter == "oracle" and not cfg.has_errors:
+        raise ValueError(f"perception.profile is {cfg.profile!r} but every error of the model is off "
+                         f"(error_scale {cfg.error_scale}): a non-oracle profile must make errors")
 
 

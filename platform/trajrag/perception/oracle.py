@@ -1,20 +1,25 @@
-"""Oracle semantics from the simulator's instance/category images, with a configurable noise model.
+"""Oracle semantics from the simulator's instance/category images, with a detector-like error model.
 
-With every noise knob at zero (``configs/perception.yaml``) the masks are exactly the rendered
-category pixels. The knobs imitate what an open-vocabulary detector (GroundingDINO + MobileSAM)
-gets wrong, each drawn independently per frame so that, like a real detector, an object can
-flicker in and out of view:
+With every error off (``configs/perception.yaml``, profile ``oracle``) the masks are exactly the
+rendered category pixels, each with score 1. The errors imitate what an open-vocabulary detector
+(GroundingDINO + SAM) gets wrong, drawn independently per frame so that, like a real detector, an
+object flickers in and out of view (profiles: ``configs/presets/perception_*.yaml``):
 
-* ``miss_rate``: each visible instance is dropped from the frame with this probability;
-* ``confusion_rate``: each kept instance is relabelled, with this probability, with one of its
-  confusable categories (``confusable`` table, by name; only names in the vocabulary count);
-* ``erosion_px``: masks lose this many pixels at every instance boundary (square window), like
-  the loose edges of a box-prompted SAM mask read conservatively;
-* ``false_positives_per_frame``: a Poisson number of disk-shaped blobs per frame, each labelled
-  with a uniformly drawn vocabulary category.
+* misses: a visible instance is detected with probability ``(1 - miss_rate)``, halved every
+  ``miss_halving_m`` metres of its mean depth and scaled down when its apparent size is under
+  ``min_size_px`` (far and small objects are missed most);
+* confusions: a detected instance is relabelled, with probability ``confusion_rate``, with one of
+  its confusable categories (``confusable`` table, by name: sofa / chair / bed, tv / picture);
+* false positives: a Poisson number (``false_positives_per_frame``) of disk-shaped blobs on
+  whatever is there (background or another object), each labelled with a random category;
+* mask edges: ``erosion_px`` pixels lost at every outline, ``bleed_px`` pixels spilled past it
+  onto what lies behind (``mapping.mask_depth_edge_m`` is the map's guard against the spill);
+* scores: each detection's score grows with how detectable it was, from ``confidence_floor``;
+  relabelled and spurious detections score low.
 
-Randomness comes from one ``numpy.random.Generator`` seeded at construction / ``reset``: the same
-seed and the same frames give the same masks.
+``segment_with_scores`` returns the masks and a per-pixel score image; the semantic map weighs its
+evidence by the scores (``mapping.evidence_*``). Randomness comes from one generator seeded at
+construction / ``reset`` (per episode): the same seed and frames give the same masks.
 """
 
 from __future__ import annotations
@@ -81,15 +86,21 @@ class OracleSegmenter:
     # -- per frame ------------------------------------------------------------------------------
     def segment(self, obs: Observations) -> np.ndarray:
         """Bool ``(len(vocabulary), H, W)`` masks for one frame."""
+        return self.segment_with_scores(obs)[0]
+
+    def segment_with_scores(self, obs: Observations) -> tuple[np.ndarray, np.ndarray]:
+        """``(masks, scores)``: bool ``(len(vocabulary), H, W)`` masks and float32 ``(H, W)`` the
+        score of the detection painting each pixel (the highest where several do), 0 elsewhere."""
         label = self._vocab_labels(obs)
         cfg = self._cfg
-        noisy = cfg.miss_rate > 0 or cfg.confusion_rate > 0 or cfg.erosion_px > 0
-        if noisy:
-            label = self._instance_noise(label, obs.instance)
+        if cfg.has_errors:
+            label, scores = self._instance_errors(label, obs)
+        else:
+            scores = (label >= 0).astype(np.float32)
         masks = label[None, :, :] == np.arange(len(self._vocabulary), dtype=np.int16)[:, None, None]
-        if cfg.false_positives_per_frame > 0:
-            self._add_false_positives(masks)
-        return check_masks(masks, len(self._vocabulary), label.shape, "OracleSegmenter")
+        if cfg.scaled("false_positives_per_frame") > 0:
+            self._add_false_positives(masks, scores)
+        return check_masks(masks, len(self._vocabulary), label.shape, "OracleSegmenter"), scores
 
     def _vocab_labels(self, obs: Observations) -> np.ndarray:
         """int16 (H, W): vocabulary index per pixel, -1 where none."""
@@ -107,31 +118,67 @@ class OracleSegmenter:
             )
         return self._lut[category.astype(np.int32) + 1]
 
-    def _instance_noise(self, label: np.ndarray, instance: np.ndarray) -> np.ndarray:
-        """Miss, confuse and erode whole instances; returns the new vocabulary-label image."""
+    def _instance_errors(self, label: np.ndarray, obs: Observations) -> tuple[np.ndarray, np.ndarray]:
+        """Miss, confuse, score, erode and bleed whole instances; returns the new vocabulary-label
+        image and its score image."""
         cfg = self._cfg
-        inst = np.where(label >= 0, np.asarray(instance, dtype=np.int64), 0)
+        inst = np.where(label >= 0, np.asarray(obs.instance, dtype=np.int64), 0)
         if inst.min() < 0:
             raise ValueError("OracleSegmenter: negative instance ids in the instance image")
         counts = np.bincount(inst.ravel())
         ids = np.flatnonzero(counts[1:]) + 1  # sorted: the draws below are in a fixed order
         inst_label = np.full(counts.size, -1, dtype=np.int16)
         inst_label[inst.ravel()] = label.ravel()  # one category per instance: any pixel will do
+        depth = np.bincount(inst.ravel(), weights=np.asarray(obs.depth, dtype=np.float64).ravel())
+        detectability = self._detectability(counts[ids], depth[ids] / counts[ids], label.size)
+        detected = self._rng.random(ids.size) < detectability
+        confused = self._rng.random(ids.size) < cfg.scaled("confusion_rate")
+        score = np.zeros(counts.size, dtype=np.float32)
+        floor = cfg.confidence_floor
+        score[ids] = floor + (1.0 - floor) * detectability * self._rng.uniform(0.8, 1.0, ids.size)
         new_label = inst_label.copy()
-        missed = self._rng.random(ids.size) < cfg.miss_rate
-        confused = self._rng.random(ids.size) < cfg.confusion_rate
         for i, inst_id in enumerate(ids):
             options = self._confusable[inst_label[inst_id]]
             if confused[i] and options.size:
                 new_label[inst_id] = options[self._rng.integers(options.size)]
-        new_label[ids[missed]] = -1
+                score[inst_id] = floor + (score[inst_id] - floor) * cfg.confusion_confidence
+        new_label[ids[~detected]] = -1
         new_label[0] = -1
         out = new_label[inst]
         # Pixels labelled but without an instance id carry no instance to drop: keep them as is.
-        out = np.where((inst == 0) & (label >= 0), label, out)
+        unowned = (inst == 0) & (label >= 0)
+        out = np.where(unowned, label, out)
+        scores = np.where(unowned, 1.0, np.where(out >= 0, score[inst], 0.0)).astype(np.float32)
         if cfg.erosion_px > 0:
             out = self._erode(out, np.where(out >= 0, inst, 0))
-        return out
+            scores = np.where(out >= 0, scores, 0.0).astype(np.float32)
+        bleed = int(round(cfg.scaled("bleed_px")))
+        if bleed > 0:
+            out, scores = self._bleed(out, scores, bleed)
+        return out, scores
+
+    def _detectability(self, pixels: np.ndarray, mean_depth_m: np.ndarray, frame_pixels: int) -> np.ndarray:
+        """Per instance, the probability a detector reports it: ``1 - miss_rate``, halved every
+        ``miss_halving_m`` metres, times apparent size / ``min_size_px`` where smaller (sizes
+        measured as at 640x480)."""
+        cfg = self._cfg
+        p = np.full(pixels.shape, 1.0 - cfg.scaled("miss_rate"))
+        if cfg.miss_halving_m > 0:
+            p *= 0.5 ** (mean_depth_m / cfg.miss_halving_m)
+        if cfg.min_size_px > 0:
+            size_px = np.sqrt(pixels * (640.0 * 480.0) / frame_pixels)
+            p *= np.minimum(size_px / cfg.min_size_px, 1.0)
+        return p
+
+    @staticmethod
+    def _bleed(label: np.ndarray, scores: np.ndarray, pixels: int) -> tuple[np.ndarray, np.ndarray]:
+        """Spread every mask ``pixels`` past its outline onto unlabelled pixels (whatever depth)."""
+        size = 2 * pixels + 1
+        grown = ndi.maximum_filter(label.astype(np.int32) + 1, size=size, mode="constant") - 1
+        spill = (label < 0) & (grown >= 0)
+        out = np.where(spill, grown, label).astype(np.int16)
+        spread = ndi.maximum_filter(scores, size=size, mode="constant")
+        return out, np.where(spill, spread, scores).astype(np.float32)
 
     def _erode(self, label: np.ndarray, inst: np.ndarray) -> np.ndarray:
         """Keep a pixel only if its whole (2e+1)^2 window belongs to the same instance."""
@@ -140,13 +187,16 @@ class OracleSegmenter:
         same = low == ndi.maximum_filter(inst, size=size, mode="nearest")
         return np.where(same & (inst > 0), label, np.where(inst == 0, label, -1)).astype(np.int16)
 
-    def _add_false_positives(self, masks: np.ndarray) -> None:
-        """Paint a Poisson number of random disks, each into a random category's mask."""
+    def _add_false_positives(self, masks: np.ndarray, scores: np.ndarray) -> None:
+        """Paint a Poisson number of random disks, each into a random category's mask, with a
+        low score (``false_positive_confidence``)."""
         _, h, w = masks.shape
         lo, hi = self._cfg.false_positive_radius_px
-        for _ in range(self._rng.poisson(self._cfg.false_positives_per_frame)):
+        score_lo, score_hi = self._cfg.false_positive_confidence
+        for _ in range(self._rng.poisson(self._cfg.scaled("false_positives_per_frame"))):
             centre = (self._rng.integers(h), self._rng.integers(w))
             radius = int(self._rng.integers(lo, hi + 1))
             category = int(self._rng.integers(len(self._vocabulary)))
             rr, cc = disk(centre, radius, shape=(h, w))
             masks[category, rr, cc] = True
+            scores[rr, cc] = np.maximum(scores[rr, cc], self._rng.uniform(score_lo, score_hi))
