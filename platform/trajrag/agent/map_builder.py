@@ -14,7 +14,9 @@ from typing import Sequence
 import numpy as np
 
 from trajrag.mapping.semantic_map import MappingConfig, SemanticMap, SemanticMapper
+from trajrag.perception.base import ObjectSegmenter
 from trajrag.perception.config import PerceptionConfig
+from trajrag.perception.factory import make_segmenter
 from trajrag.perception.oracle import OracleSegmenter
 from trajrag.topo.candidates import map_place
 from trajrag.topo.trajectory import TopoConfig, TopoPolarTrajectory, build_topo_polar, topo_graph
@@ -39,7 +41,7 @@ class MapBuilder:
         self.mapper = SemanticMapper(mapping_cfg, intrinsics, self.vocabulary)
         self.perception_cfg = perception_cfg
         self.topo_cfg = topo_cfg
-        self.segmenter: OracleSegmenter | None = None
+        self.segmenter: ObjectSegmenter | None = None
         self.poses: list[tuple[float, float, float]] = []
         self.skipped_frames = 0
         self.episode: ObjectNavEpisode | None = None
@@ -49,9 +51,13 @@ class MapBuilder:
         return self.mapper.map
 
     def reset(self, episode: ObjectNavEpisode, scene: Scene, seed: int) -> None:
-        """Start an episode: an empty map centred on the start, a fresh noise stream."""
+        """Start an episode: an empty map centred on the start, a fresh noise stream (the oracle
+        segmenter is rebuilt for the scene's categories; a learned one is only reset)."""
         self.episode = episode
-        self.segmenter = OracleSegmenter(self.vocabulary, scene.categories, self.perception_cfg, seed)
+        if self.segmenter is None or isinstance(self.segmenter, OracleSegmenter):
+            self.segmenter = make_segmenter(self.vocabulary, scene.categories, self.perception_cfg, seed)
+        else:  # a learned detector: its weights load once per builder, not per episode
+            self.segmenter.reset(seed)
         self.mapper.reset(episode.start_pose())
         self.poses = []
         self.skipped_frames = 0

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from trajrag import config as config_mod
+from trajrag.bench.robustness import robustness_report
 from trajrag.bench.sim import bench_scene
 from trajrag.perception.config import PerceptionConfig
 from trajrag.perception.factory import make_segmenter
@@ -33,7 +34,10 @@ _VOCABULARY = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")  # habit
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Run the benchmark; returns the detector's milliseconds per frame (mean, p50, p95)."""
+    """Run the benchmark; returns the detector's milliseconds per frame (mean, p50, p95), or with
+    ``--curves DIR`` the robustness curves of ``jobs/perception_curves.sh DIR`` (and DIR/curves.png)."""
+    if getattr(args, "curves", None):
+        return robustness_report(args.curves)
     overrides = list(getattr(args, "overrides", []) or [])
     cfg = config_mod.load("perception", overrides)
     return detector_latency(args, cfg)

@@ -56,7 +56,8 @@ tests).
   perception  ms per frame of the object detector (--detector oracle or
               grounded-sam, on perception.device, weights from
               perception.grounded_sam.*_path) at sim.width x sim.height, 30
-              frames; --quick: 5 frames
+              frames; --quick: 5 frames. --curves DIR: SR/SPL against the
+              detector's error level from jobs/perception_curves.sh DIR
 """
 
 
@@ -76,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--detector", choices=SEGMENTERS, default="oracle",
                         help="the segmenter the perception bench times (read by that bench only; "
                              "grounded-sam needs perception.grounded_sam.grounding_dino_path and sam_path)")
+    parser.add_argument("--curves", default=None, metavar="DIR",
+                        help="perception bench: instead of timing, SR/SPL against the error level from the "
+                             "evaluations jobs/perception_curves.sh DIR wrote, with DIR/curves.png")
     add_override_arg(parser)
     parser.set_defaults(func=_run)
 

@@ -1,8 +1,10 @@
 """What the mapping stage needs from an object detector.
 
-The paper runs GroundingDINO (boxes for text queries) + MobileSAM (masks in the boxes); the
-embedded default is the simulator's oracle semantics with a noise model. Both give one boolean
-mask per category of the agent's vocabulary, so the semantic map never knows which one ran.
+The paper runs GroundingDINO (boxes for text queries) + MobileSAM (masks in the boxes):
+``perception/grounded_sam.py`` on clusters with the weights; the embedded default is the
+simulator's oracle semantics with a detector-like error model (``perception/oracle.py``). Both
+give one boolean mask per category of the agent's vocabulary and a score per pixel, so the
+semantic map never knows which one ran.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ class ObjectSegmenter(Protocol):
 
     def segment(self, obs: Observations) -> np.ndarray:
         """Masks for one frame: bool ``(len(vocabulary), H, W)`` at the depth image's size."""
+        ...
+
+    def segment_with_scores(self, obs: Observations) -> tuple[np.ndarray, np.ndarray]:
+        """``segment``'s masks and float32 ``(H, W)`` detection scores in [0, 1] (the score of the
+        detection painting each pixel, 0 where none): the semantic map's evidence."""
         ...
 
 

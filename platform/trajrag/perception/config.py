@@ -44,7 +44,7 @@ class PerceptionConfig:
     confusable: category name -> names it may be mistaken for.
     erosion_px: pixels removed at every instance boundary (0 = exact masks).
     error_scale: multiplies miss_rate, confusion_rate, false_positives_per_frame and bleed_px (the
-        x axis of the robustness curves; 1 = the profile as written).
+        x axis of the robustness curves; 1 = the profile as written; 0 = exact masks).
     miss_halving_m: metres of distance over which an instance's detection probability halves
         (0: distance does not matter). min_size_px: apparent size (square root of its pixel count,
         at 640x480) below which detection probability falls in proportion (0: size does not matter).
@@ -81,9 +81,9 @@ class PerceptionConfig:
     @property
     def has_errors(self) -> bool:
         """Whether any error of the model is on (else the masks are the exact oracle's)."""
-        knobs = (self.miss_rate, self.confusion_rate, self.false_positives_per_frame, self.bleed_px)
-        return (self.error_scale > 0 and any(k > 0 for k in knobs)) or self.erosion_px > 0 \
-            or self.miss_halving_m > 0 or self.min_size_px > 0
+        knobs = (self.miss_rate, self.confusion_rate, self.false_positives_per_frame, self.bleed_px,
+                 self.miss_halving_m, self.min_size_px)
+        return (self.error_scale > 0 and any(k > 0 for k in knobs)) or self.erosion_px > 0
 
 
 def validate_config(cfg: PerceptionConfig) -> None:
