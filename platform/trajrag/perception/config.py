@@ -73,6 +73,9 @@ class PerceptionConfig:
     false_positive_confidence: list[float]
     confusion_confidence: float
 
+    def __post_init__(self) -> None:
+        validate_config(self)
+
     def scaled(self, key: str) -> float:
         """A rate (or ``bleed_px``) times ``error_scale``; rates stay probabilities."""
         value = getattr(self, key) * self.error_scale
