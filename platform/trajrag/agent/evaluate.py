@@ -457,6 +457,7 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     wanted = sorted({(e.scene_key, str(e.episode_id)) for e in episodes})
     summary = summarize([_metrics(done[key]["metrics"]) for key in wanted])
     summary.update(planner_counters([done[key] for key in wanted]))
+    summary.update(perception_counters([done[key] for key in wanted]))
     if audit is not None:
         summary.update(decision_quality([done[key]["decisions"] for key in wanted if "decisions" in done[key]],
                                         audit.tolerance_m))
@@ -488,6 +489,9 @@ def _record(result: EpisodeResult, agent) -> dict:
         record["description"] = describe(topo)
         if hasattr(agent, "stats"):
             record["agent_stats"] = {k: v for k, v in vars(agent.stats).items() if not isinstance(v, list)}
+        builder = getattr(agent, "builder", None)
+        if builder is not None:
+            record["perception_profile"] = builder.perception_cfg.profile
         episode_stats = getattr(getattr(agent, "planner", None), "episode_stats", None)
         if episode_stats is not None:  # retrieval timings, LLM fallbacks
             record["planner_stats"] = episode_stats()
@@ -495,6 +499,14 @@ def _record(result: EpisodeResult, agent) -> dict:
     if not math.isfinite(metrics["distance_to_goal"]):
         metrics["distance_to_goal"] = None  # JSON has no inf; read back as unreachable
     return record
+
+
+def perception_counters(records: Sequence[dict]) -> dict:
+    """``perception_profile`` the episodes were seen with (comma-joined if several; None for agents
+    that do not map) and ``goals_rejected``: mapped goals that verification found not there."""
+    profiles = sorted({r["perception_profile"] for r in records if "perception_profile" in r})
+    rejected = sum(int(r.get("agent_stats", {}).get("goals_rejected", 0)) for r in records)
+    return {"perception_profile": ",".join(profiles) or None, "goals_rejected": rejected}
 
 
 def planner_counters(records: Sequence[dict]) -> dict:

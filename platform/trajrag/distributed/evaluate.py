@@ -588,9 +588,10 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
 
 def records_summary(records: Sequence[dict]) -> dict:
     """``evaluate_agent``'s summary of finished records: metric means and planner counters."""
-    from trajrag.agent.evaluate import _metrics, planner_counters
+    from trajrag.agent.evaluate import _metrics, perception_counters, planner_counters
     from trajrag.world.metrics import summarize
 
     summary = summarize([_metrics(r["metrics"]) for r in records])
     summary.update(planner_counters(records))
+    summary.update(perception_counters(records))
     return summary
