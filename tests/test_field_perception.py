@@ -196,3 +196,16 @@ def test_robustness_curves_read_eval_folders_and_say_what_verification_recovers(
         pytest.approx(0.75)
     with pytest.raises(ValueError, match="no level-"):
         read_curves(tmp_path / "level-0")
+
+
+def test_every_eval_record_and_summary_names_its_perception_profile(tmp_path):
+    from trajrag.agent.evaluate import evaluate_agent
+
+    overrides = FAST + CALIBRATED
+    scenes = load_scenes("procedural:val:1")
+    episodes = load_episodes("generated:1", scenes, overrides)
+    sim_cfg = config.load("sim", overrides)
+    summary = evaluate_agent("frontier", lambda: make_frontier_agent(sim_cfg, overrides), GridSimulator(sim_cfg),
+                             episodes, scenes, tmp_path, config.load("episodes", overrides), progress=False)
+    assert summary["perception_profile"] == "calibrated" and summary["goals_rejected"] >= 0
+    assert '"perception_profile": "calibrated"' in (tmp_path / "frontier" / "episodes.jsonl").read_text()
