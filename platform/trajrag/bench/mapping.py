@@ -41,12 +41,13 @@ def run(args: argparse.Namespace) -> dict:
     with one_core():
         timings, info = _explore(steps, overrides)
         timings["astar_20m"] = _astar_20m(overrides)
-    result = {name: _summary(values) for name, values in timings.items()}
+    result = {name: ms_summary(values) for name, values in timings.items()}
     result.update(info)
     return result
 
 
-def _summary(seconds: list[float]) -> dict:
+def ms_summary(seconds: list[float]) -> dict:
+    """Mean, p50 and p95 milliseconds of wall times in seconds, and their count."""
     ms = 1000.0 * np.asarray(seconds)
     return {
         "mean_ms": round(float(ms.mean()), 3),

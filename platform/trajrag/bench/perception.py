@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from trajrag import config as config_mod
+from trajrag.bench.mapping import ms_summary
 from trajrag.bench.robustness import robustness_report
 from trajrag.bench.sim import bench_scene
 from trajrag.perception.config import PerceptionConfig
@@ -65,7 +66,7 @@ def detector_latency(args: argparse.Namespace, cfg: PerceptionConfig) -> dict:
         "device": str(getattr(segmenter, "device", "cpu")),
         "frame": f"{depth.shape[1]}x{depth.shape[0]}",
         "vocabulary": len(_VOCABULARY),
-        "segment_ms": _summary(seconds),
+        "segment_ms": ms_summary(seconds),
     }
     if detector == "grounded-sam":
         import torch
@@ -88,13 +89,3 @@ def _turning_frames(scene, overrides: list[str], n: int, with_rgb: bool) -> list
     while len(frames) < n:
         frames.append(sim.step(Action.TURN_LEFT))
     return frames
-
-
-def _summary(seconds: list[float]) -> dict:
-    ms = 1000.0 * np.asarray(seconds)
-    return {
-        "mean_ms": round(float(ms.mean()), 3),
-        "p50_ms": round(float(np.percentile(ms, 50)), 3),
-        "p95_ms": round(float(np.percentile(ms, 95)), 3),
-        "calls": int(ms.size),
-    }
