@@ -137,3 +137,20 @@ def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(
                          ["mp3d.held_out_scans=[17DRP5sb8fy]"] + config.preset_overrides(["mp3d21"]))
     assert len(wide["per_category"]) >= 8 and wide["goals_reachable_frac"] == 1.0
     assert json.dumps(wide)  # the --json output is plain data
+
+
+def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_its_dataset(scan_folder, tmp_path):
+    from trajrag.agent.evaluate import evaluate_agent, memory_datasets
+    from trajrag.agent.navigator import make_frontier_agent
+    from trajrag.world.sim import GridSimulator
+
+    overrides = ["sim.width=160", "sim.height=120"]
+    scenes = load_scenes(str(scan_folder))
+    episodes = load_episodes("generated:2", scenes, overrides)
+    sim_cfg = config.load("sim", overrides)
+    summary = evaluate_agent("frontier", lambda: make_frontier_agent(sim_cfg, overrides), GridSimulator(sim_cfg),
+                             episodes, scenes, tmp_path, config.load("episodes", overrides), progress=False)
+    assert summary["episodes"] == 2 and summary["sr"] == 1.0
+    records = [json.loads(line) for line in (tmp_path / "frontier" / "episodes.jsonl").read_text().splitlines()]
+    assert {r["scene_key"] for r in records} == {"mp3d/synthAAAAAA/0"}
+    assert memory_datasets(["mp3d/a/0", "gibson/B/0", "mp3d/c/0", ""]) == {"gibson": 1, "mp3d": 2}
