@@ -60,6 +60,12 @@ class FrontierConfig:
     reachable_clearance_m: float
 
 
+# Detection evidence per cell and category is kept in uint8 steps of 1/16 of a full-score view, so
+# a cell holds up to ~16 views' worth (more adds nothing to a commit decision of a few views).
+_EVIDENCE_STEP = 1.0 / 16.0
+_EVIDENCE_MAX = 255 * _EVIDENCE_STEP
+
+
 @dataclass
 class MappingConfig:
     """Semantic-map construction; units in the names (metres, pixels)."""
@@ -109,11 +115,6 @@ def validate_config(cfg: MappingConfig) -> None:
         raise ValueError(f"mapping.evidence_min_ratio must be in [0, 1] and evidence_commit <= {_EVIDENCE_MAX}, "
                          f"got {cfg.evidence_min_ratio}, {cfg.evidence_commit}")
 
-
-# Detection evidence per cell and category is kept in uint8 steps of 1/16 of a full-score view, so
-# a cell holds up to ~16 views' worth (more adds nothing to a commit decision of a few views).
-_EVIDENCE_STEP = 1.0 / 16.0
-_EVIDENCE_MAX = 255 * _EVIDENCE_STEP
 
 
 # -- grid helpers (cell <-> metres: world.frames.GridGeometry) ---------------------------------------
@@ -490,12 +491,14 @@ class SemanticMapper:
         evidence[unique] = np.minimum(evidence[unique].astype(np.int32) + steps, 255).astype(np.uint8)
         commit = evidence[unique] * _EVIDENCE_STEP >= self.cfg.evidence_commit - 1e-6
         if self.cfg.evidence_min_ratio > 0:
-            commit &= self._ratio_ok(unique)[k]
+            commit &= self._ratio_ok(unique, channel=k)
         self.map.objects[k].reshape(-1)[unique] = commit
 
-    def _ratio_ok(self, cells: np.ndarray) -> np.ndarray:
-        """Bool (N_o, len(cells)): evidence per view at least ``evidence_min_ratio``."""
-        evidence = self.evidence.reshape(len(self.categories), -1)[:, cells] * _EVIDENCE_STEP
+    def _ratio_ok(self, cells: np.ndarray, channel: int | None = None) -> np.ndarray:
+        """Bool (N_o, len(cells)), or (len(cells),) for one ``channel``: evidence per view at
+        least ``evidence_min_ratio``."""
+        evidence = self.evidence.reshape(len(self.categories), -1)
+        evidence = (evidence[:, cells] if channel is None else evidence[channel, cells]) * _EVIDENCE_STEP
         views = np.maximum(self.views.reshape(-1)[cells], 1)
         return evidence >= self.cfg.evidence_min_ratio * views - 1e-6
 
