@@ -67,5 +67,5 @@ for vocab in $VOCABS; do
   done
   folders=(); for seed in $SEEDS; do folders+=("$OUT/$vocab/O$seed"); done
   $T compare "${folders[@]}" --baseline frontier --runs trajrag --pictures "$OUT/pictures-$vocab" \
-    --scenes "$MP3D" "${preset[@]}" | tee "$OUT/compare-$vocab.md"
+    --scenes "$MP3D" | tee "$OUT/compare-$vocab.md"
 done
