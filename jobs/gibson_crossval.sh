@@ -50,17 +50,8 @@ read -r -a WORLD_ARGS <<< "${WORLD:-}"
 T=.venv/bin/trajrag
 [ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
-mkdir -p "$OUT/value" "$OUT/logs"
-say() { echo "$(date +%H:%M:%S) $*" | tee -a "$OUT/logs/progress"; }
-
-# Runs "$@" with its output in logs/LOG.out and .err; a failure stops the job and names the log.
-run() {
-  local log=$1; shift
-  "$@" > "$OUT/logs/$log.out" 2> "$OUT/logs/$log.err" || { echo "failed: $* (see $OUT/logs/$log.err)" >&2; exit 1; }
-  say "$log"
-}
-# run, unless DONE (the file the command writes last) exists.
-step() { local done=$1; shift; [ -e "$done" ] || run "$@"; }
+mkdir -p "$OUT/value"
+source jobs/steps.sh  # say, run, step
 
 V=$OUT/value
 walk() {  # nearest-frontier walks in procedural homes, their decisions kept for the fit

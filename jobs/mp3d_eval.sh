@@ -36,14 +36,7 @@ read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
 T=.venv/bin/trajrag
 [ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -d "$MP3D" ] || { echo "no MP3D scans at $MP3D (set MP3D=...)" >&2; exit 2; }
-mkdir -p "$OUT/logs"
-say() { echo "$(date +%H:%M:%S) $*" | tee -a "$OUT/logs/progress"; }
-run() {
-  local log=$1; shift
-  "$@" > "$OUT/logs/$log.out" 2> "$OUT/logs/$log.err" || { echo "failed: $* (see $OUT/logs/$log.err)" >&2; exit 1; }
-  say "$log"
-}
-step() { local done=$1; shift; [ -e "$done" ] || run "$@"; }
+source jobs/steps.sh  # say, run, step
 
 M=$OUT/M; E=$OUT/E; V=$OUT/value.json
 step "$M.done" memory bash -c "$T corpus build --scenes '$MP3D@rest' --episodes-per-scene $WALKS --policy mix \
