@@ -326,3 +326,16 @@ def test_maps_of_simulator_frames_agree_with_the_scene(cfg):
         cells = scene_cells(sem.object_channel(name))
         near = ndi.binary_dilation(scene.category_map == scene.categories.index(name), iterations=2)
         assert len(cells) > 5 and near[cells[:, 0], cells[:, 1]].all(), f"{name} lands on the {name}"
+
+
+def test_a_disk_stamped_at_the_grid_edge_keeps_the_part_on_the_grid():
+    from trajrag.mapping.semantic_map import disk_footprint, stamp_disk
+
+    mask = np.zeros((30, 40), dtype=bool)
+    stamp_disk(mask, np.array([15, 20]), 4.0)
+    assert mask.sum() == disk_footprint(4.0).sum()
+    corner = np.zeros((30, 40), dtype=bool)
+    stamp_disk(corner, np.array([1, 39]), 4.0)  # most of the disk is off the grid
+    assert corner.any() and corner[1, 39] and corner.sum() < disk_footprint(4.0).sum()
+    stamp_disk(corner, np.array([-20, -20]), 4.0)  # wholly off the grid: nothing, no error
+    assert corner.sum() < disk_footprint(4.0).sum()

@@ -25,7 +25,7 @@ from trajrag.agent.map_builder import MapBuilder
 from trajrag.agent.verification import GoalVerifier, Verdict
 from trajrag.mapping.frontiers import Frontier, find_frontiers
 from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
-from trajrag.mapping.semantic_map import dilate_disk
+from trajrag.mapping.semantic_map import dilate_disk, stamp_disk
 from trajrag.planners.base import Planner, PlannerContext
 from trajrag.topo.candidates import map_place, step_candidates
 from trajrag.topo.trajectory import TopoGraph
@@ -190,12 +190,7 @@ class Navigator:
         sem = self.builder.map
         if self.rejected_goal is None:
             self.rejected_goal = np.zeros(sem.shape, dtype=bool)
-        cell = sem.to_cell(np.asarray(target_xy))
-        radius = int(math.ceil(self.cfg.verify_reject_radius_m / sem.cell_size))
-        r0, c0 = max(cell[0] - radius, 0), max(cell[1] - radius, 0)
-        rows, cols = np.ogrid[r0:cell[0] + radius + 1, c0:cell[1] + radius + 1]
-        self.rejected_goal[r0:cell[0] + radius + 1, c0:cell[1] + radius + 1] |= \
-            (rows - cell[0]) ** 2 + (cols - cell[1]) ** 2 <= radius ** 2
+        stamp_disk(self.rejected_goal, sem.to_cell(np.asarray(target_xy)), self.cfg.verify_reject_radius_m / sem.cell_size)
         self.stats.goals_rejected += 1
         self.goal_target, self.goal_targets_left = None, set()
         self.waypoint = None

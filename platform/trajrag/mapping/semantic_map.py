@@ -129,6 +129,18 @@ def disk_footprint(radius_cells: float) -> np.ndarray:
     return d[:, None] ** 2 + d[None, :] ** 2 <= radius_cells**2 + _RADIUS_SLACK
 
 
+def stamp_disk(mask: np.ndarray, cell: np.ndarray, radius_cells: float) -> None:
+    """Set the cells of ``disk_footprint(radius_cells)`` around ``cell`` (row, col) in ``mask``, in
+    place; the part of the disk beyond the grid's edge is left out."""
+    footprint = disk_footprint(radius_cells)
+    r = footprint.shape[0] // 2
+    row, col = int(cell[0]), int(cell[1])
+    h, w = mask.shape
+    r0, r1, c0, c1 = max(row - r, 0), min(row + r + 1, h), max(col - r, 0), min(col + r + 1, w)
+    if r0 < r1 and c0 < c1:
+        mask[r0:r1, c0:c1] |= footprint[r0 - row + r : r1 - row + r, c0 - col + r : c1 - col + r]
+
+
 def dilate_disk(mask: np.ndarray, radius_cells: float) -> np.ndarray:
     """Binary dilation by ``disk_footprint(radius_cells)``: cells within that distance of a True cell.
 
