@@ -1,7 +1,8 @@
 """Perception: per-frame object masks for the agent's category vocabulary.
 
-``base.ObjectSegmenter`` is the interface (GroundingDINO + MobileSAM on a GPU cluster);
-``oracle.OracleSegmenter`` reads the simulator's semantics, with an optional noise model.
+``base.ObjectSegmenter`` is the interface; ``oracle.OracleSegmenter`` reads the simulator's
+semantics, with a detector-like error model; ``grounded_sam.GroundedSamSegmenter`` (torch, imported
+only by ``factory.make_segmenter``) runs GroundingDINO + SAM on a cluster with the weights.
 """
 
 from trajrag.perception.base import ObjectSegmenter, check_masks

@@ -41,6 +41,15 @@ class ObjectSegmenter(Protocol):
         ...
 
 
+def check_vocabulary(vocabulary: tuple[str, ...], who: str) -> tuple[str, ...]:
+    """The vocabulary as a tuple; ``ValueError`` naming ``who`` if it is empty or repeats a name."""
+    if not vocabulary:
+        raise ValueError(f"{who}: the vocabulary is empty")
+    if len(set(vocabulary)) != len(vocabulary):
+        raise ValueError(f"{who}: the vocabulary has duplicate names: {list(vocabulary)}")
+    return tuple(vocabulary)
+
+
 def check_masks(masks: np.ndarray, n_categories: int, shape: tuple[int, int], who: str) -> np.ndarray:
     """Validate a segmenter's output; ``ValueError`` naming ``who`` if its shape or dtype is wrong."""
     masks = np.asarray(masks)

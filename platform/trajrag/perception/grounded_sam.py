@@ -30,7 +30,7 @@ import torch
 from transformers import GroundingDinoForObjectDetection, GroundingDinoProcessor, SamModel, SamProcessor
 
 from trajrag.config import ConfigError
-from trajrag.perception.base import check_masks
+from trajrag.perception.base import check_masks, check_vocabulary
 from trajrag.perception.config import GroundedSamConfig, PerceptionConfig, validate_config
 from trajrag.world.interface import Observations
 
@@ -295,10 +295,7 @@ class GroundedSamSegmenter:
 
 def _check_settings(vocabulary: tuple[str, ...], cfg: PerceptionConfig) -> None:
     """``ValueError`` naming the setting if the vocabulary or a detector setting is unusable."""
-    if not vocabulary:
-        raise ValueError("GroundedSamSegmenter: the vocabulary is empty")
-    if len(set(vocabulary)) != len(vocabulary):
-        raise ValueError(f"GroundedSamSegmenter: the vocabulary has duplicate names: {list(vocabulary)}")
+    check_vocabulary(vocabulary, "GroundedSamSegmenter")
     validate_config(cfg)
     gs = cfg.grounded_sam
     # Thresholds above 1 are allowed: they switch detection off (no sigmoid score exceeds them).

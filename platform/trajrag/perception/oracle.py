@@ -28,7 +28,7 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage.draw import disk
 
-from trajrag.perception.base import check_masks
+from trajrag.perception.base import check_masks, check_vocabulary
 from trajrag.perception.config import PerceptionConfig, validate_config
 from trajrag.world.interface import Observations
 
@@ -47,12 +47,8 @@ class OracleSegmenter:
         cfg: PerceptionConfig,
         seed: int,
     ) -> None:
-        if not vocabulary:
-            raise ValueError("OracleSegmenter: the vocabulary is empty")
-        if len(set(vocabulary)) != len(vocabulary):
-            raise ValueError(f"OracleSegmenter: the vocabulary has duplicate names: {list(vocabulary)}")
+        self._vocabulary = check_vocabulary(vocabulary, "OracleSegmenter")
         validate_config(cfg)
-        self._vocabulary = tuple(vocabulary)
         self._cfg = cfg
         self._seed = seed
         self._rng = np.random.default_rng(seed)
