@@ -64,6 +64,7 @@ def test_a_synthetic_scan_loads_in_the_habitat_frame_with_its_labels(scan_folder
     (scene,) = load_scenes(str(scan_folder / "scenes"))
     assert scene.name == "mp3d/synthAAAAAA/0" and scene.meta["dataset"] == "mp3d"
     assert scene.cell_size == pytest.approx(0.05) and scene.shape == (180, 80)  # transposed, 2x finer
+    assert not scene.traversable.flags.writeable and not scene.instance_map.flags.writeable  # cached, shared
 
     def at(row: int, col: int) -> tuple[float, float]:
         """Habitat (X, Z) of the centre of BEV cell (row, col), by the data README's formula."""

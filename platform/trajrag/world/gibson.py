@@ -116,7 +116,7 @@ def _load_cached(path: str, mtime_ns: int, size: int, cfg_json: str) -> tuple[Sc
             scenes.append(build_scene(scene, floor, entry, cfg, source=path))
     scenes.sort(key=lambda s: s.name)
     for s in scenes:
-        _freeze(s)
+        s.freeze()
     return tuple(scenes)
 
 
@@ -235,9 +235,3 @@ def _instances(objects: np.ndarray, connectivity: int) -> tuple[np.ndarray, np.n
     instance_category = np.full(len(visible) + 1, NO_CATEGORY, dtype=np.int16)
     instance_category[1:] = [components[i - 1][1] for i in visible]
     return renumber[painted], instance_category
-
-
-def _freeze(scene: Scene) -> None:
-    """Make a cached scene's arrays read-only, so one caller cannot change another's scene."""
-    for attr in ("traversable", "floor", "instance_map", "category_map", "instance_category"):
-        getattr(scene, attr).setflags(write=False)

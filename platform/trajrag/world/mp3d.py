@@ -137,9 +137,7 @@ def _load_cached(path: str, mtime_ns: int, size: int, cfg_json: str, cfg: Mp3dCo
     key = (path, mtime_ns, size, cfg_json)
     scene = _CACHE.get(key)
     if scene is None:
-        scene = build_scene(Path(path).parent.name, read_bev(path), cfg, source=path)
-        for attr in ("traversable", "floor", "instance_map", "category_map", "instance_category"):
-            getattr(scene, attr).setflags(write=False)
+        scene = build_scene(Path(path).parent.name, read_bev(path), cfg, source=path).freeze()
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = scene

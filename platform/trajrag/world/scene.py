@@ -61,6 +61,12 @@ class Scene(GridGeometry):
     def shape(self) -> tuple[int, int]:
         return self.traversable.shape
 
+    def freeze(self) -> "Scene":
+        """Make the grids read-only (a cached scene is shared: one caller cannot change another's)."""
+        for attr in ("traversable", "floor", "instance_map", "category_map", "instance_category"):
+            getattr(self, attr).setflags(write=False)
+        return self
+
     def category_id(self, name: str) -> int:
         """Category id of ``name``; ``KeyError`` naming the scene if it has no such category."""
         try:
