@@ -47,11 +47,9 @@ WALKS=${WALKS:-30}
 ROLLOUT_HOMES=${ROLLOUT_HOMES:-0}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 read -r -a WORLD_ARGS <<< "${WORLD:-}"
-T=.venv/bin/trajrag
-[ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
 mkdir -p "$OUT/value"
-source jobs/steps.sh  # say, run, step
+source jobs/steps.sh  # T, say, run, step
 
 V=$OUT/value
 walk() {  # nearest-frontier walks in procedural homes, their decisions kept for the fit

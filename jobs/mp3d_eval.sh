@@ -33,18 +33,10 @@ VOCABS=${VOCABS:-six mp3d21}
 BASELINES=${BASELINES:-frontier,random,frontier-oracle}
 MP3D=${MP3D:-../shared/data/mp3d-bev/scenes}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
-T=.venv/bin/trajrag
-[ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -d "$MP3D" ] || { echo "no MP3D scans at $MP3D (set MP3D=...)" >&2; exit 2; }
-source jobs/steps.sh  # say, run, step
+source jobs/steps.sh  # T, say, run, step, memory_encoder_value
 
-M=$OUT/M; E=$OUT/E; V=$OUT/value.json
-step "$M.done" memory bash -c "$T corpus build --scenes '$MP3D@rest' --episodes-per-scene $WALKS --policy mix \
-  --store '$M' --workers $WORKERS --json --preset mp3d21 ${WORLD_ARGS[*]} && touch '$M.done'"
-step "$E/encoder.json" encoder $T encoder train --store "$M" --out "$E" --workers "$WORKERS"
-step "$E/eval.json" encoder-eval bash -c "$T encoder eval --store '$M' --model '$E' --json > '$E/eval.json.tmp' \
-  && mv '$E/eval.json.tmp' '$E/eval.json'"
-step "$V" value $T value fit --store "$M" --out "$V" --json
+memory_encoder_value "$MP3D@rest" --preset mp3d21 "${WORLD_ARGS[@]}"
 
 for vocab in $VOCABS; do
   preset=(); [ "$vocab" = six ] || preset=(--preset "$vocab")

@@ -30,18 +30,10 @@ LEVELS=${LEVELS:-0 0.5 1 2}
 SEED=${SEED:-0}
 GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
-T=.venv/bin/trajrag
-[ -x "$T" ] || { echo "no $T: run 'make test' or 'make run' once to build .venv" >&2; exit 2; }
 [ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
-source jobs/steps.sh  # say, run, step
+source jobs/steps.sh  # T, say, run, step, memory_encoder_value
 
-M=$OUT/M; E=$OUT/E; V=$OUT/value.json
-step "$M.done" memory bash -c "$T corpus build --scenes '$GIBSON@rest' --episodes-per-scene $WALKS --policy mix \
-  --store '$M' --workers $WORKERS --json ${WORLD_ARGS[*]} && touch '$M.done'"
-step "$E/encoder.json" encoder $T encoder train --store "$M" --out "$E" --workers "$WORKERS"
-step "$E/eval.json" encoder-eval bash -c "$T encoder eval --store '$M' --model '$E' --json > '$E/eval.json.tmp' \
-  && mv '$E/eval.json.tmp' '$E/eval.json'"
-step "$V" value $T value fit --store "$M" --out "$V" --json
+memory_encoder_value "$GIBSON@rest" "${WORLD_ARGS[@]}"
 
 for level in $LEVELS; do
   O=$OUT/level-$level
