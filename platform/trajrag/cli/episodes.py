@@ -97,6 +97,7 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
         row["geodesic_sum"] += distance
 
     n = len(episodes)
+    with_episodes = {episode.scene_key for episode in episodes}
     return {
         "scenes": len(scenes),
         "episodes": n,
@@ -115,8 +116,7 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
         },
         "problems": problems,
         "scenes_without_episodes": {
-            scene.name: why_no_episodes(scene, cfg) for scene in scenes
-            if scene.name not in {episode.scene_key for episode in episodes}
+            scene.name: why_no_episodes(scene, cfg) for scene in scenes if scene.name not in with_episodes
         },
     }
 
