@@ -11,9 +11,9 @@ How a scan becomes a ``Scene`` (one per scan, ``mp3d/<scan>/0``: the files hold 
   (``world/frames.py``), so the BEV crop is transposed (its rows run along Z) and the corner of
   cell ``(0, 0)`` is at ``x = min_z * 0.1 - 50``, ``y = min_x * 0.1 - 50``.
 * traversable = the floor label eroded by ``floor_erosion_cells`` source cells (4-connected
-  structuring element). The floor is all that is seen from above, not agent-centre space: its IoU
-  with 17DRP5sb8fy's navmesh is 0.72 as it is, 0.79 eroded by one cell and 0.69 by two (data
-  README), so one cell. Objects hide the floor under them, so they are never traversable.
+  structuring element): the floor is all that is seen from above, not agent-centre space (the
+  data README's navmesh measurement, quoted in ``configs/mp3d.yaml``). Objects hide the floor
+  under them, so they are never traversable.
 * walls: void (never observed), wall and every label in ``wall_labels`` (structure: doors,
   windows, stairs, columns...), plus any label outside ``labels`` (reported in ``meta``).
 * objects: every other label is an object category (its mpcat40 name); instances are the
