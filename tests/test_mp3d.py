@@ -155,3 +155,13 @@ def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_i
     records = [json.loads(line) for line in (tmp_path / "frontier" / "episodes.jsonl").read_text().splitlines()]
     assert {r["scene_key"] for r in records} == {"mp3d/synthAAAAAA/0"}
     assert memory_datasets(["mp3d/a/0", "gibson/B/0", "mp3d/c/0", ""]) == {"gibson": 1, "mp3d": 2}
+
+
+def test_a_truncated_scan_is_one_clear_line_naming_the_file(tmp_path, capsys):
+    from trajrag.cli import main
+
+    path = write_scan(tmp_path, "cut", two_rooms())
+    path.write_bytes(path.read_bytes()[:300])
+    assert main(["episodes", "check", "--scenes", str(tmp_path), "--episodes", "generated:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cut/BEV_semantic_map.npy" in err and "Traceback" not in err and len(err.splitlines()) == 1
