@@ -143,11 +143,11 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
     assert math.isinf(result.metrics.distance_to_goal)
 
 
-def test_sim_bench_reports_steps_and_oracle_figures(capsys):
+def test_sim_bench_reports_steps_and_oracle_figures(capsys, mp3d_scans_path):
     from trajrag.cli import main
 
     two_scans = ["--set", "mp3d.held_out_scans=[17DRP5sb8fy,HxpKQynjfin]",
-                 "--set", "bench.mp3d_scenes=../shared/data/mp3d-bev/scenes@held_out"]
+                 "--set", f"bench.mp3d_scenes={mp3d_scans_path}@held_out"]
     assert main(["bench", "sim", "--quick", "--json", "--set", "bench.oracle_procedural_scenes=procedural:val:3",
                  *two_scans]) == 0
     out = json.loads(capsys.readouterr().out)
