@@ -14,7 +14,10 @@ import math
 import sys
 from collections import defaultdict
 
+from trajrag import config
+from trajrag.agent.goal_visibility import MappabilityCheck, unmappable_goals
 from trajrag.cli import add_override_arg
+from trajrag.world.sim import GridSimulator
 
 SCENES_HELP = ("a Gibson *_info.pbz2 file (or folder of them), a folder of Matterport3D scans "
                "(<scan>/BEV_semantic_map.npy), either with @held_out or @rest (the held-out homes of "
@@ -30,17 +33,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check",
         help="load scenes + episodes and report whether they can run",
         description="The dataset doctor: loads SCENES and EPISODES, checks every start is traversable "
-        "and every goal reachable, and prints counts, mean geodesic length and a per-category table.",
+        "and every goal reachable, and prints counts, mean geodesic length and a per-category table. "
+        "It also maps every goal instance of the goal categories from one frame of exact semantics "
+        "(the configured simulator and mapper, from traversable cells around it) and names those "
+        "the agent could never put on its map, with the reason; an episode whose goal has no "
+        "mappable instance in its scene is a problem.",
     )
     check.add_argument("--scenes", required=True, help=SCENES_HELP)
     check.add_argument("--episodes", required=True, help=EPISODES_HELP)
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--skip-mapping", action="store_true",
+                       help="skip the goal-mapping check (seconds per scene at 640x480)")
     add_override_arg(check)
     check.set_defaults(func=check_command)
 
 
 def check_command(args: argparse.Namespace) -> int:
-    report = check_dataset(args.scenes, args.episodes, args.overrides)
+    mapping_check = None if args.skip_mapping else mappability_check(args.overrides)
+    report = check_dataset(args.scenes, args.episodes, args.overrides, mapping_check)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -51,14 +61,28 @@ def check_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tuple = ()) -> dict:
+def mappability_check(overrides: list[str] | tuple = ()) -> MappabilityCheck:
+    """The goal-mapping check's settings from the configs the agent runs with."""
+    episodes_cfg = config.load("episodes", overrides)
+    return MappabilityCheck(
+        sim=GridSimulator(config.load("sim", overrides)),
+        mapping=config.load("mapping", overrides),
+        perception=config.load("perception", overrides),
+        view_radius_m=episodes_cfg.mappable_view_radius_m,
+        max_views=episodes_cfg.mappable_views,
+        enough_cells=config.load("navigator", overrides).goal_min_cells,
+    )
+
+
+def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tuple = (),
+                  mapping_check: MappabilityCheck | None = None) -> dict:
     """The doctor's report as a dict (keys: episodes, starts_traversable, goals_reachable, ...,
-    scenes_without_episodes: scene name -> why none was generated or listed there).
+    scenes_without_episodes: scene name -> why none was generated or listed there, and with
+    ``mapping_check`` unmappable_goals: the goal instances no frame maps, with the reason).
 
     ``starts_traversable`` and ``goals_reachable`` count episodes; ``*_frac`` give the fractions.
     Raises the dataset errors of ``world.datasets`` on input that cannot be read.
     """
-    from trajrag import config
     from trajrag.cli import UserError
     from trajrag.world.datasets import load_episodes, validate_episodes, load_scenes
     from trajrag.world.episode_gen import scene_goal_field, why_no_episodes
@@ -96,9 +120,14 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
         row["reachable"] += 1
         row["geodesic_sum"] += distance
 
+    unmappable: list[dict] = []
+    if mapping_check is not None:
+        unmappable, mapping_problems = _goal_mapping(scenes, episodes, bad, cfg.goal_categories, mapping_check)
+        problems += mapping_problems
+
     n = len(episodes)
     with_episodes = {episode.scene_key for episode in episodes}
-    return {
+    report = {
         "scenes": len(scenes),
         "episodes": n,
         "starts_traversable": starts_ok,
@@ -119,6 +148,30 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
             scene.name: why_no_episodes(scene, cfg) for scene in scenes if scene.name not in with_episodes
         },
     }
+    if mapping_check is not None:
+        report["unmappable_goals"] = unmappable
+    return report
+
+
+def _goal_mapping(scenes: list, episodes: list, bad: set, goal_categories: list[str],
+                  check: MappabilityCheck) -> tuple[list[dict], list[str]]:
+    """The unmappable goal instances of every scene, and one problem per episode whose goal
+    category has no mappable instance in its scene."""
+    unmappable = []
+    mappable: dict[tuple[str, str], bool] = {}
+    for scene in scenes:
+        categories = [c for c in goal_categories if c in scene.categories]
+        rows = unmappable_goals(scene, categories, check)
+        unmappable += rows
+        for category in categories:
+            total = int((scene.instance_category == scene.category_id(category)).sum())
+            mappable[(scene.name, category)] = sum(r["category"] == category for r in rows) < total
+    problems = [
+        f"episode {e.episode_id} ({e.scene_key}): no instance of goal {e.object_category!r} can be mapped"
+        for e in episodes
+        if (e.scene_key, e.episode_id) not in bad and not mappable.get((e.scene_key, e.object_category), True)
+    ]
+    return unmappable, problems
 
 
 def _print_table(report: dict) -> None:
@@ -133,3 +186,5 @@ def _print_table(report: dict) -> None:
         print(f"  problem: {line}")
     for name, why in report["scenes_without_episodes"].items():
         print(f"  no episodes in {name}: {why}")
+    for row in report.get("unmappable_goals", []):
+        print(f"  unmappable goal: {row['scene']} {row['category']} #{row['instance']}: {row['reason']}")

@@ -65,6 +65,9 @@ class EpisodeConfig:
     (``geodesic.shortest_action_path``: heuristic weight, metres per turn, node budget).
     start_floor_tolerance_m: metres a start's height may differ from its scene's floor_height
     (``world/datasets.py`` validation).
+    mappable_view_radius_m, mappable_views: where ``episodes check`` looks at each goal instance
+    from (traversable cells within that many metres, at most that many, one per bearing) to
+    decide whether the mapper can map it (``agent/goal_visibility.py``).
     """
 
     goal_categories: list[str]
@@ -87,6 +90,8 @@ class EpisodeConfig:
     action_path_turn_cost_m: float
     action_path_max_expansions: int
     start_floor_tolerance_m: float
+    mappable_view_radius_m: float
+    mappable_views: int
 
 
 def load_config(overrides: Sequence[str] = ()) -> EpisodeConfig:

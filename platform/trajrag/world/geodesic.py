@@ -267,7 +267,8 @@ def _seen_path_region(scene: Scene, objects: np.ndarray, success_distance: float
     near = euclid <= success_distance
     rows, cols = np.nonzero(near)
     r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
-    costs = np.where((scene.floor | objects)[r0:r1, c0:c1], 1.0, np.inf)
+    open_cells = scene.not_wall & ~closed_corners(~scene.not_wall)
+    costs = np.where((open_cells | objects)[r0:r1, c0:c1], 1.0, np.inf)
     through_floor, _ = MCP_Geometric(costs, fully_connected=True).find_costs(
         np.argwhere(objects[r0:r1, c0:c1]).tolist())
     window = euclid[r0:r1, c0:c1]
@@ -280,7 +281,8 @@ def _seen_path_region(scene: Scene, objects: np.ndarray, success_distance: float
 def _line_of_sight_region(scene: Scene, objects: np.ndarray, success_distance: float) -> np.ndarray:
     """Cells within reach of an object cell with a clear straight line to it. Rays start on the
     object's outline only: a ray to an inner cell crosses an outline cell first, nearer."""
-    wall = ~scene.floor & (scene.instance_map == 0)
+    wall = ~scene.not_wall
+    wall |= closed_corners(wall)
     outline = np.argwhere(objects & ~ndimage.binary_erosion(objects))
     reach = int(math.floor(success_distance / scene.cell_size * (1.0 + _FLOAT_SLACK)))  # 1 m / 0.05 m: 20, not 19
     pad = reach + 1
@@ -292,6 +294,23 @@ def _line_of_sight_region(scene: Scene, objects: np.ndarray, success_distance: f
         ends = outline[clear] + offset + pad
         seen[ends[:, 0], ends[:, 1]] = True
     return seen[pad:-pad, pad:-pad] & scene.traversable
+
+
+def closed_corners(wall: np.ndarray) -> np.ndarray:
+    """bool (H, W): the open cells of every 2x2 block whose other diagonal is two wall cells.
+
+    Walls drawn as 8-connected staircases touch only at corners; a path or a sight line between
+    such a pair would pass through the wall's corner. Treating the two open cells beside it as
+    wall closes that pass (the diagonal corridor it would open is no cell wide)."""
+    a, b, c, d = wall[:-1, :-1], wall[:-1, 1:], wall[1:, :-1], wall[1:, 1:]
+    anti = b & c & ~a & ~d  # walls on the anti-diagonal: close a and d
+    main = a & d & ~b & ~c  # walls on the main diagonal: close b and c
+    closed = np.zeros_like(wall)
+    closed[:-1, :-1] |= anti
+    closed[1:, 1:] |= anti
+    closed[:-1, 1:] |= main
+    closed[1:, :-1] |= main
+    return closed
 
 
 @functools.lru_cache(maxsize=4)
@@ -385,6 +404,7 @@ def scene_fingerprint(scene: Scene) -> str:
     digest.update(repr((scene.shape, scene.cell_size)).encode())
     digest.update(np.packbits(scene.traversable).tobytes())
     digest.update(np.packbits(scene.floor).tobytes())  # goal regions look across the floor
+    digest.update(np.packbits(scene.low_obstacle).tobytes())  # ... and over low obstacles
     digest.update(np.ascontiguousarray(scene.category_map).tobytes())
     digest.update(np.ascontiguousarray(scene.instance_map).tobytes())
     return digest.hexdigest()

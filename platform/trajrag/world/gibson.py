@@ -10,6 +10,12 @@ How a floor becomes a ``Scene``:
   habitat's navmesh, which already keeps the agent's centre off walls, so it is not eroded by
   the agent radius (eroding leaves 20% of the benchmark's starts off the map, see the README).
 * floor (no wall) = traversable dilated by the agent radius, plus every object cell.
+* low obstacles: the rest would be walls, which walls in an object that stands behind an
+  unlabelled strip (a tv on its stand, a toilet behind its cistern box): no side of it would face
+  the room. For each object with no side on open floor, the unlabelled cells between it and the
+  nearest open floor (within ``strip_max_gap`` metres, the lens of cells whose distances to the
+  object and to the floor add up to at most that gap plus ``strip_slack``) become a low obstacle
+  of ``strip_height`` metres: seen over, never walked on.
 * instances = connected components of each object channel; where channels overlap (a cup on a
   table), the smaller instance is kept so that small objects are not hidden by furniture.
 * categories = the channel names mapped through ``GibsonConfig.category_names`` (couch -> sofa,
@@ -60,6 +66,9 @@ class GibsonConfig:
     goal_categories: list[str]
     category_names: dict[str, str]
     held_out_scenes: list[str]
+    strip_max_gap: float
+    strip_slack: float
+    strip_height: float
 
 
 class GibsonFormatError(ValueError):
@@ -137,6 +146,8 @@ def build_scene(scene: str, floor: Any, entry: Mapping[str, Any], cfg: GibsonCon
     objects = (sem_map[N_FLOOR_CHANNELS:] > 0) & ~traversable[None]
     instance_map, instance_category = _instances(objects, cfg.instance_connectivity)
     wall_free = _dilate(traversable, cfg.agent_radius / cfg.cell_size) | objects.any(axis=0)
+    low_obstacle = open_walled_in_objects(wall_free, instance_map, cfg.strip_max_gap / cfg.cell_size,
+                                          cfg.strip_slack / cfg.cell_size)
 
     categories = tuple(category_name(c, cfg) for c in cfg.channels)
     return Scene(
@@ -150,6 +161,8 @@ def build_scene(scene: str, floor: Any, entry: Mapping[str, Any], cfg: GibsonCon
         cell_size=cfg.cell_size,
         origin=(float(origin_cm[0]) / 100.0, float(origin_cm[1]) / 100.0),
         floor_height=floor_height,
+        low_obstacle=low_obstacle,
+        low_obstacle_height=cfg.strip_height,
         meta={
             "source": str(source),
             "dataset": "gibson",
@@ -160,11 +173,49 @@ def build_scene(scene: str, floor: Any, entry: Mapping[str, Any], cfg: GibsonCon
     )
 
 
+def open_walled_in_objects(wall_free: np.ndarray, instance_map: np.ndarray, max_gap: float,
+                           slack: float) -> np.ndarray:
+    """bool (H, W): the low-obstacle strips that give each walled-in object a side on the floor.
+
+    wall_free: cells that are no wall (objects included); instance_map: object ids, 0 for none;
+    max_gap, slack: cells. An object is walled in when none of its 4-neighbours is open floor
+    (wall-free and no object). Its strip is the unlabelled cells ``c`` with ``d_obj(c) + d_floor(c)
+    <= gap + slack``, ``gap`` the smallest such sum (Euclidean, cells): the cells between the
+    object and the floor nearest to it, so the strip lies on the side that faces the room.
+    Objects with ``gap > max_gap`` stay walled in (what separates them is more than a stand).
+    """
+    objects = instance_map > 0
+    open_floor = wall_free & ~objects
+    unlabelled = ~wall_free
+    touches_floor = np.zeros(int(instance_map.max()) + 1, dtype=bool)
+    touches_floor[instance_map[ndimage.binary_dilation(open_floor) & objects]] = True
+    strip = np.zeros(wall_free.shape, dtype=bool)
+    pad = int(math.ceil(max_gap + slack)) + 1
+    boxes = ndimage.find_objects(instance_map)
+    for instance, box in enumerate(boxes, start=1):
+        if box is None or touches_floor[instance]:
+            continue
+        window = tuple(slice(max(s.start - pad, 0), s.stop + pad) for s in box)
+        to_object = ndimage.distance_transform_edt(instance_map[window] != instance)
+        floor_here = open_floor[window]
+        if not floor_here.any():
+            continue
+        through = np.where(unlabelled[window], to_object + ndimage.distance_transform_edt(~floor_here), np.inf)
+        gap = through.min()
+        if gap <= max_gap:
+            strip[window] |= through <= gap + slack
+    return strip
+
+
 def _check_config(cfg: GibsonConfig) -> None:
     if cfg.cell_size <= 0 or cfg.agent_radius < 0 or cfg.floor_dilation_radius < 0:
         raise config_mod.ConfigError(
             f"gibson: cell_size must be > 0 and radii >= 0, got cell_size={cfg.cell_size}, "
             f"agent_radius={cfg.agent_radius}, floor_dilation_radius={cfg.floor_dilation_radius}")
+    if cfg.strip_max_gap < 0 or cfg.strip_slack < 0 or cfg.strip_height <= 0:
+        raise config_mod.ConfigError(
+            f"gibson: strip_max_gap and strip_slack must be >= 0 and strip_height > 0, got "
+            f"{cfg.strip_max_gap}, {cfg.strip_slack}, {cfg.strip_height}")
     if cfg.instance_connectivity not in (4, 8):
         raise config_mod.ConfigError(f"gibson.instance_connectivity must be 4 or 8, got {cfg.instance_connectivity}")
     unknown = sorted(set(cfg.goal_categories) - set(cfg.channels))

@@ -48,6 +48,8 @@ from trajrag.world.scene import NO_CATEGORY, NO_INSTANCE, Scene
 
 WALL = -1  # cell code of walls and out-of-bounds cells
 NOTHING = -2  # pixel code where nothing is hit in range, or the ceiling is nearer
+LOW = -3  # cell code of low unlabelled obstacles (``Scene.low_obstacle``)
+_N_NEGATIVE_CODES = 3  # the per-code tables end with LOW, NOTHING, WALL (indexed with wrap-around)
 
 # Brightness steps of the synthetic RGB: 256, one per uint8 grey level.
 _SHADE_LEVELS = 256
@@ -84,8 +86,9 @@ class SceneRaster:
     """A scene prepared for rendering: a wall-padded grid of per-cell codes plus lookup tables.
 
     Codes: ``0`` floor, ``1..n`` object instance ids, ``WALL`` (-1) wall, ``NOTHING`` (-2) no hit
-    in range or the ceiling. Negative codes make the instance image a plain ``max(code, 0)``; the
-    per-code tables have ``n + 3`` entries and are indexed with wrap-around (-1 is the last).
+    in range or the ceiling, ``LOW`` (-3) a low unlabelled obstacle. Negative codes make the
+    instance image a plain ``max(code, 0)``; the per-code tables have ``n + 4`` entries and are
+    indexed with wrap-around (-1 is the last).
     ``code_flat`` is the padded grid raveled, plus one ``NOTHING`` entry at the end that the
     sentinel ray sample points to.
 
@@ -206,15 +209,16 @@ class Renderer:
             raise ValueError(f"scene {scene.name}: instance_map has negative ids")
         # Objects win over walls: an object cell always renders as its object, even where a
         # source marked it as non-floor (furniture is not navigable floor in the Gibson maps).
-        code = np.where(scene.floor, 0, WALL).astype(np.int32)
+        code = np.where(scene.floor, 0, np.where(scene.low_obstacle, LOW, WALL)).astype(np.int32)
         code = np.where(scene.instance_map > 0, scene.instance_map, code).astype(np.int32)
         code = np.pad(code, rays.pad, constant_values=WALL)
         cam_h = self.intrinsics.camera_height
-        top = np.empty(n_inst + 3, dtype=np.float32)
+        top = np.empty(n_inst + 1 + _N_NEGATIVE_CODES, dtype=np.float32)
         top[0] = -cam_h
         top[1: n_inst + 1] = object_heights_per_instance(scene, heights, default_height)[1:] - cam_h
         top[WALL] = top[NOTHING] = _WALL_TOP
-        category = np.full(n_inst + 3, NO_CATEGORY, dtype=np.int16)
+        top[LOW] = scene.low_obstacle_height - cam_h
+        category = np.full(n_inst + 1 + _N_NEGATIVE_CODES, NO_CATEGORY, dtype=np.int16)
         category[1: n_inst + 1] = scene.instance_category[1:]
         return SceneRaster(
             scene_name=scene.name,
@@ -236,9 +240,9 @@ class Renderer:
         for code, cat in enumerate(category):
             base[code] = cmap(int(cat) % cmap.N)[:3] if cat >= 0 else cfg.wall_grey
         base[0] = cfg.floor_grey
-        base[WALL] = cfg.wall_grey
+        base[WALL] = base[LOW] = cfg.wall_grey
         base[NOTHING] = cfg.ceiling_grey
-        base = np.roll(base, -NOTHING, axis=0)  # code -2 first, as _shade indexes it
+        base = np.roll(base, _N_NEGATIVE_CODES, axis=0)  # code LOW first, as _shade indexes it
         levels = np.linspace(0.0, 1.0, _SHADE_LEVELS)
         table = np.rint(base[:, None, :] * levels[None, :, None] * 255.0)
         return table.reshape(-1, 3).astype(np.uint8)
@@ -425,7 +429,7 @@ class Renderer:
         shade *= falloff
         shade *= np.float32(_SHADE_LEVELS - 1)
         shade += np.float32(0.5)
-        index = code_px - np.int32(NOTHING)  # codes -2.. -> rows 0.. of the colour table
+        index = code_px - np.int32(LOW)  # codes -3.. -> rows 0.. of the colour table
         index *= _SHADE_LEVELS
         index += shade.astype(np.int32)
         return raster.colour.take(np.ascontiguousarray(index[:, ::-1].T), axis=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -32,6 +33,10 @@ class Scene(GridGeometry):
         origin: map-frame ``(x, y)`` in metres of the corner of cell ``(0, 0)``.
         floor_height: habitat ``Y`` of this floor, metres (for writing habitat positions).
         meta: free-form provenance (generator seed, room list, source file).
+        low_obstacle: bool (H, W) or None: cells with no floor and no labelled object that render
+            as a low unlabelled column of ``low_obstacle_height`` metres instead of a wall (the
+            stand in front of a tv in a 2.5D conversion: seen over, never walked on). None: none.
+        low_obstacle_height: metres, the top of every ``low_obstacle`` cell.
     """
 
     name: str
@@ -45,10 +50,14 @@ class Scene(GridGeometry):
     origin: tuple[float, float] = (0.0, 0.0)
     floor_height: float = 0.0
     meta: dict = field(default_factory=dict)
+    low_obstacle: Optional[np.ndarray] = None
+    low_obstacle_height: float = 0.0
 
     def __post_init__(self) -> None:
         shape = self.traversable.shape
-        for attr in ("floor", "instance_map", "category_map"):
+        if self.low_obstacle is None:
+            self.low_obstacle = np.zeros(shape, dtype=bool)
+        for attr in ("floor", "instance_map", "category_map", "low_obstacle"):
             if getattr(self, attr).shape != shape:
                 raise ValueError(f"scene {self.name}: {attr} shape {getattr(self, attr).shape} != {shape}")
         self.traversable = self.traversable.astype(bool, copy=False)
@@ -56,6 +65,7 @@ class Scene(GridGeometry):
         self.instance_map = self.instance_map.astype(np.int32, copy=False)
         self.category_map = self.category_map.astype(np.int16, copy=False)
         self.instance_category = np.asarray(self.instance_category, dtype=np.int16)
+        self.low_obstacle = self.low_obstacle.astype(bool) & ~self.floor & (self.instance_map == NO_INSTANCE)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -63,7 +73,7 @@ class Scene(GridGeometry):
 
     def freeze(self) -> "Scene":
         """Make the grids read-only (a cached scene is shared: one caller cannot change another's)."""
-        for attr in ("traversable", "floor", "instance_map", "category_map", "instance_category"):
+        for attr in ("traversable", "floor", "instance_map", "category_map", "instance_category", "low_obstacle"):
             getattr(self, attr).setflags(write=False)
         return self
 
@@ -78,6 +88,11 @@ class Scene(GridGeometry):
         """Names of the categories with at least one object in this scene."""
         ids = np.unique(self.instance_category[1:])
         return [self.categories[i] for i in ids if i >= 0]
+
+    @property
+    def not_wall(self) -> np.ndarray:
+        """bool (H, W): cells that are no wall (floor, objects and low obstacles)."""
+        return self.floor | self.low_obstacle | (self.instance_map > NO_INSTANCE)
 
     # -- geometry ---------------------------------------------------------------------------
     def is_traversable(self, xy: np.ndarray) -> bool:

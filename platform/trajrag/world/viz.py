@@ -13,9 +13,10 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from trajrag.world.scene import Scene  # noqa: E402
 
-# grey levels of the background layers: walls / outside dark, floor the agent cannot stand on
-# mid grey (the agent-radius margin along walls and furniture), traversable floor light
-_WALL, _FLOOR, _TRAVERSABLE = 0.15, 0.62, 0.93
+# grey levels of the background layers: walls / outside dark, low unlabelled obstacles darker
+# grey, floor the agent cannot stand on mid grey (the agent-radius margin along walls and
+# furniture), traversable floor light
+_WALL, _LOW, _FLOOR, _TRAVERSABLE = 0.15, 0.4, 0.62, 0.93
 # tab20 without its two greys (indices 14, 15), which would read as floor or wall
 _PALETTE = np.array([c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)])
 
@@ -23,7 +24,8 @@ _PALETTE = np.array([c for i, c in enumerate(plt.get_cmap("tab20").colors) if i 
 def scene_image(scene: Scene) -> np.ndarray:
     """RGB float image (H, W, 3) of a scene: walls dark, traversable light, objects coloured by
     category (tab20 colours without greys, by category id)."""
-    grey = np.where(scene.traversable, _TRAVERSABLE, np.where(scene.floor, _FLOOR, _WALL))
+    grey = np.where(scene.traversable, _TRAVERSABLE,
+                    np.where(scene.floor, _FLOOR, np.where(scene.low_obstacle, _LOW, _WALL)))
     image = np.repeat(grey[..., None], 3, axis=2)
     has_object = scene.category_map >= 0
     image[has_object] = _PALETTE[scene.category_map[has_object] % len(_PALETTE)]
