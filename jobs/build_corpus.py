@@ -19,6 +19,7 @@ from pathlib import Path
 from trajrag.cli import UserError, add_override_arg, apply_presets
 from trajrag.cli.episodes import SCENES_HELP
 from trajrag.config import ConfigError
+from trajrag.memory.store import StoreError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
     parser.add_argument("--summary", type=Path, default=None, help="also write the summary JSON here")
     parser.add_argument("--json", action="store_true", help="no progress bar; print one JSON line")
+    parser.add_argument("--mixed-settings", action="store_true",
+                        help="add walks to a store collected with other world or sensor settings "
+                             "(refused otherwise, naming the keys that differ)")
     add_override_arg(parser)
     return parser.parse_args(argv)
 
@@ -46,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         apply_presets(args)
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.overrides, seed=args.seed, workers=args.workers,
-                                   progress=not args.json, ray_address=args.ray_address)
-    except (UserError, ConfigError, FileNotFoundError) as exc:
+                                   progress=not args.json, ray_address=args.ray_address,
+                                   mixed_settings=args.mixed_settings)
+    except (UserError, ConfigError, FileNotFoundError, StoreError) as exc:
         print(f"build_corpus: error: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(summary, indent=None if args.json else 2)

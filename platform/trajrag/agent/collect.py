@@ -59,6 +59,25 @@ def episode_policy(episode: ObjectNavEpisode, policy: str, oracle_fraction: floa
     return "oracle" if draw < oracle_fraction else "explore"
 
 
+# Keys that do not change what a walk sees or does: episode seeds (more walks of the same world),
+# caches and the doctor's settings, the torch device a detector runs on.
+_BOOKKEEPING = {"episodes": {"seed", "field_cache_size", "mappable_view_radius_m", "mappable_views"},
+                "perception": {"device"}}
+
+
+def collection_settings(overrides: Sequence[str], scenes: Sequence[Scene]) -> dict:
+    """The world and sensor settings a collector walks with (``corpus.collector_overrides``
+    applied, as ``Collector`` applies them): ``{"sim", "perception", "episodes", "datasets"}``,
+    what a memory records of its walks (``memory.build_settings``)."""
+    collector_overrides = list(config.load("corpus", overrides).collector_overrides) + list(overrides)
+    settings: dict = {}
+    for section in ("sim", "perception", "episodes"):
+        values = config.to_dict(config.load(section, collector_overrides))
+        settings[section] = {k: v for k, v in values.items() if k not in _BOOKKEEPING.get(section, ())}
+    settings["datasets"] = sorted({scene.name.split("/")[0] for scene in scenes})
+    return settings
+
+
 def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
     """The idempotent memory key of one collected episode."""
     return f"{episode.scene_key}/{episode.episode_id}/{policy}"

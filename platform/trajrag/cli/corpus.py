@@ -37,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--store", required=True, help="LanceDB URI (a folder, or an object-store URI)")
     build.add_argument("--seed", type=int, default=None, help="episode generation seed (default: episodes.seed)")
     build.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    build.add_argument("--mixed-settings", action="store_true",
+                       help="add walks to a store whose walks were collected with other world or sensor "
+                            "settings (sim, perception, episodes, dataset); without it such a build is "
+                            "refused, naming the keys that differ. The store records every set "
+                            "(corpus stats shows them)")
     build.add_argument("--workers", type=int, default=0,
                        help="collector actors on Ray (0: one process, no Ray; see distributed/corpus.py); "
                             "default: %(default)s")
@@ -111,20 +116,25 @@ def build_command(args: argparse.Namespace) -> int:
 
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.overrides, seed=args.seed, workers=args.workers,
-                                   progress=not args.json, ray_address=args.ray_address)
+                                   progress=not args.json, ray_address=args.ray_address,
+                                   mixed_settings=args.mixed_settings)
         print(json.dumps(summary, indent=None if args.json else 2))
         return 0
     summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.overrides,
-                           seed=args.seed, progress=not args.json)
+                           seed=args.seed, progress=not args.json, mixed_settings=args.mixed_settings)
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
 
 
 def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, overrides=(), seed=None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, mixed_settings: bool = False) -> dict:
     """Collect + convert + insert in this process, the store claimed for the job
-    (``claim_store``); returns counts, decisions, throughput and time per stage."""
+    (``claim_store``); returns counts, decisions, throughput and time per stage. A store whose
+    walks were collected with other settings is refused unless ``mixed_settings``
+    (``memory.build_settings``)."""
     from trajrag import config
+    from trajrag.agent.collect import collection_settings
+    from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
@@ -136,6 +146,7 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     episode_cfg = config.load("episodes", overrides)
     episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
     with claim_store(store_uri, f"corpus build of {scene_spec}"):
+        BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
         return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started)
 
 
@@ -244,10 +255,12 @@ def show_command(args: argparse.Namespace) -> int:
 
 def stats_command(args: argparse.Namespace) -> int:
     from trajrag import config
+    from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.stats import corpus_stats
 
     memory_cfg = config.load("memory", args.overrides)
     ceiling = (memory_cfg.min_inliers, memory_cfg.merge_radius_m) if args.ceiling else None
     stats = corpus_stats(args.store, ceiling)
+    stats["build_settings"] = BuildSettings(args.store).recorded()
     print(json.dumps(stats, indent=None if args.json else 2, default=str))
     return 0

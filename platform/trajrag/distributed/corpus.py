@@ -584,8 +584,11 @@ class _Actors:
 def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: str,
                      overrides: Sequence[str] = (), seed: int | None = None,
                      workers: int | None = None, progress: bool = True,
-                     ray_address: str | None = None, faults: FaultPlan | None = None) -> dict:
+                     ray_address: str | None = None, faults: FaultPlan | None = None,
+                     mixed_settings: bool = False) -> dict:
     """Collect + convert + insert on Ray with ``workers`` collectors (default: corpus_job.collectors).
+    A store whose walks were collected with other settings is refused unless ``mixed_settings``
+    (``memory.build_settings``).
 
     Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
     per-actor times and what the fault handling did. Uses the running Ray if there is one, else
@@ -593,6 +596,8 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     """
     from trajrag import config
     from trajrag.cli import UserError
+    from trajrag.agent.collect import collection_settings
+    from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
 
@@ -605,6 +610,7 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     scenes = load_scenes(scene_spec, overrides)  # a bad spec or file fails here, before a cluster starts
     with claim_store(store_uri, f"Ray corpus build of {scene_spec}"):  # and a second build of the store
+        BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
         own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
         actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
         try:
