@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,6 +78,7 @@ def train_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.train import train_encoder
 
+    output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         result = train_encoder(args.store, args.out, workers=args.workers,
@@ -110,6 +111,7 @@ def cv_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.crossval import cross_validate
 
+    output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         result = cross_validate(args.store, args.out, args.folds, workers=args.workers,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
 
@@ -195,7 +195,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
-    """Options that do not go together, refused before anything is read."""
+    """Options that do not go together, and an --out that cannot be a folder, refused before
+    anything is read."""
+    output_folder(args.out, "--out")
+    if args.lifelong and args.store:
+        output_folder(args.store, "--store")
+    elif args.store and "://" not in args.store and not Path(args.store).is_dir():
+        raise UserError(f"--store {args.store}: no memory there: build one with `trajrag corpus build`")
     if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
         raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):

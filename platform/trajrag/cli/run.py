@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 from trajrag.file_locks import claim
 
 # Held by the run writing the folder (trajrag.file_locks: dropped when its process ends).
@@ -101,6 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         raise config.ConfigError(f"run.overrides: {exc}") from None
     out = Path(args.out or cfg.out)
+    output_folder(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     # The stages claim the memory and the evaluation runs, but nothing claimed the encoder's
     # folder: a second run there would train over the first's model. One run per folder.
