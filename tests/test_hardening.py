@@ -3,9 +3,14 @@ ask for huge allocations, rejected walks walked twice, the small-store dead end,
 
 from __future__ import annotations
 
-import os
+import bz2
+import io
+import pickle
+import struct
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trajrag.cli import main
@@ -48,3 +53,74 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_writes_nothing(co
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
     assert _tree(tmp_path) == before
+
+
+# -- hostile pickles ----------------------------------------------------------------------------
+class _Calls:
+    """Pickles as ``func(*args)`` (REDUCE)."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _ndarray_reconstruct():
+    from trajrag.safe_pickle import _numpy_core
+
+    return _numpy_core("multiarray", "_reconstruct")()
+
+
+HOSTILE = {
+    "bytes(2**50)": lambda: pickle.dumps(_Calls(bytes, 2**50), protocol=4),
+    "bytes.__new__(bytes, 2**50)": lambda: b"\x80\x02c__builtin__\nbytes\n\x8a\x07" + (2**50).to_bytes(7, "little")
+    + b"\x85\x81.",  # NEWOBJ
+    "ndarray((2**40,), object)": lambda: pickle.dumps(_Calls(np.ndarray, (2**40,), np.dtype(object)), protocol=4),
+    "_reconstruct(ndarray, (2**40,), b'b')": lambda: pickle.dumps(
+        _Calls(_ndarray_reconstruct(), np.ndarray, (2**40,), b"b"), protocol=2),
+    "BYTEARRAY8 of 2**50": lambda: b"\x80\x05\x96" + struct.pack("<Q", 2**50) + b".",
+    "BINBYTES8 of 2**50": lambda: b"\x80\x04\x8e" + struct.pack("<Q", 2**50) + b".",
+    "array state of 2**40 floats": lambda: pickle.dumps(np.zeros(3), protocol=2).replace(
+        b"K\x03\x85", b"\x8a\x06" + (2**40).to_bytes(6, "little") + b"\x85"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_pickle_asking_for_a_huge_allocation_is_refused_before_it_is_made(name, tmp_path):
+    from trajrag.safe_pickle import UnsafePickleError, load_pbz2
+
+    path = tmp_path / "hostile_info.pbz2"
+    path.write_bytes(bz2.compress(HOSTILE[name]()))
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsafePickleError) as refused:
+            load_pbz2(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(refused.value)
+    assert message.startswith(str(path)) and "refusing" in message and "\n" not in message
+    assert peak < 50 * 2**20, f"{name}: {peak / 2**20:.0f} MiB allocated before refusing"
+
+
+def test_the_82_byte_pbz2_of_the_issue_is_one_line_naming_bytes(tmp_path):
+    from trajrag.safe_pickle import UnsafePickleError, load_pbz2
+
+    path = tmp_path / "evil_info.pbz2"
+    path.write_bytes(bz2.compress(pickle.dumps(_Calls(bytes, 2**50))))
+    assert len(path.read_bytes()) == 82
+    with pytest.raises(UnsafePickleError, match=r"evil_info.pbz2: refusing to call builtins.bytes"):
+        load_pbz2(path)
+
+
+def test_one_memoised_list_built_into_sets_over_and_over_is_refused_by_the_size_bound():
+    from trajrag.safe_pickle import UnsafePickleError, restricted_load
+
+    shared = list(range(1000))
+    payload = pickle.dumps([_Calls(set, shared) for _ in range(2000)], protocol=2)  # 2,000 sets, one list
+    assert len(payload) < 40_000  # 32 MB of sets
+    with pytest.raises(UnsafePickleError, match="more than the 1,000,000"):
+        restricted_load(io.BytesIO(payload), "sets.pkl", max_bytes=10**6)
+    few = pickle.dumps([_Calls(set, shared) for _ in range(2)], protocol=2)
+    assert restricted_load(io.BytesIO(few), "sets.pkl", max_bytes=10**6) == [set(shared)] * 2
