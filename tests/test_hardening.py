@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import bz2
 import io
+import json
+import os
+import shutil
 import pickle
 import struct
 import tracemalloc
@@ -124,3 +127,72 @@ def test_one_memoised_list_built_into_sets_over_and_over_is_refused_by_the_size_
         restricted_load(io.BytesIO(payload), "sets.pkl", max_bytes=10**6)
     few = pickle.dumps([_Calls(set, shared) for _ in range(2)], protocol=2)
     assert restricted_load(io.BytesIO(few), "sets.pkl", max_bytes=10**6) == [set(shared)] * 2
+
+
+# -- the small-store dead end -------------------------------------------------------------------
+@pytest.mark.slow
+def test_encoder_eval_embeds_a_store_too_small_for_recall_and_trajrag_then_evaluates_on_it(tmp_path, capsys):
+    """One walk: no held-out chunk shares its group, so recall cannot be measured; the embeddings
+    are written all the same and the JSON says why recall is missing."""
+    from trajrag.cli.corpus import build_corpus
+    from trajrag.encoder import load_config
+    from trajrag.encoder.model import build_model, save_model_dir
+    from trajrag.encoder.node_encoder import NodeEncoder
+
+    fast = ["sim.width=160", "sim.height=120"]
+    store, model = str(tmp_path / "memory"), str(tmp_path / "model")
+    assert build_corpus("procedural:train:1", 1, "oracle", store, overrides=fast, progress=False)["chunks"] == 1
+    cfg = load_config(fast)
+    node_encoder = NodeEncoder(cfg.node)
+    save_model_dir(model, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model, node_encoder.info(),
+                   extra={"seed": 0, "train_scenes": []})
+    capsys.readouterr()
+
+    assert main(["encoder", "eval", "--store", store, "--model", model, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["recall_measured"] is False
+    assert "shares its group" in report["recall_not_measured_because"]
+    assert report["held_out"]["written"] == 1
+
+    assert main(["eval", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--planner", "trajrag",
+                 "--store", store, "--model", model, "--out", str(tmp_path / "eval"), "--json",
+                 *[f"--set={o}" for o in fast]]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
+
+
+# -- quieter output -----------------------------------------------------------------------------
+RAY_COMMAND = """
+import sys
+import lancedb
+from trajrag.ray_cluster import ensure_ray
+import ray
+
+lancedb.connect(sys.argv[1]).create_table("t", [{"x": 1}])  # lancedb in use before Ray forks, as in the commands
+assert ensure_ray(None, 1)
+print(ray.get(ray.remote(lambda: 41 + 1).remote()))
+"""
+
+
+@pytest.mark.slow
+def test_a_command_that_starts_ray_says_nothing_needless_and_leaves_no_session_behind(tmp_path):
+    import subprocess
+    import sys
+    import tempfile
+
+    import trajrag
+
+    store = str(tmp_path / "memory")
+    # A short temp folder: Ray's socket paths must stay under 108 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="th-", dir="/tmp"))
+    try:
+        env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(Path(trajrag.__file__).parents[1])}
+        env.pop("RAY_ADDRESS", None)
+        done = subprocess.run([sys.executable, "-c", RAY_COMMAND, store], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "42"
+        assert "lancedb fork support" not in done.stderr
+        assert "Token authentication is enabled" not in done.stderr
+        assert list(temp.rglob("*")) == [], "the Ray session was left behind"
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
