@@ -36,6 +36,7 @@ import bz2
 import codecs
 import math
 import pickle
+import reprlib
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -95,7 +96,7 @@ class _Refused(Exception):
 def _count(shape: Any) -> int:
     """Elements of an array of ``shape`` (a tuple of non-negative ints)."""
     if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise _Refused(f"shape {shape!r} is not a tuple of sizes")
+        raise _Refused(f"shape {reprlib.repr(shape)} is not a tuple of sizes")
     return math.prod(shape)
 
 
@@ -137,7 +138,7 @@ def _guard_frombuffer(args: tuple, kwargs: dict) -> int:
         raise _Refused("only _frombuffer(buffer, dtype, shape, order)")
     size = _nbytes(args[0])
     if _count(args[2]) * args[1].itemsize != size:
-        raise _Refused(f"shape {args[2]} of {args[1]} does not match the {size} bytes given")
+        raise _Refused(f"shape {reprlib.repr(args[2])} of {args[1]} does not match the {size} bytes given")
     return size
 
 
@@ -209,11 +210,15 @@ class _Budget:
     def __init__(self, source: str, limit: int) -> None:
         self.source, self.limit, self.left = source, limit, limit
 
-    def spend(self, size: int, what: str) -> None:
-        """Charge ``size`` bytes for ``what``, or refuse before it is made."""
+    def check(self, size: int, what: str) -> None:
+        """Refuse ``what`` when its ``size`` bytes are more than the budget has left."""
         if size > self.left:
             raise UnsafePickleError(f"{self.source}: refusing to load: {what} would take {size:,} bytes, more "
                                     f"than the {self.limit:,} a data file may make")
+
+    def spend(self, size: int, what: str) -> None:
+        """Charge ``size`` bytes for ``what``, or refuse before it is made."""
+        self.check(size, what)
         self.left -= size
 
 
@@ -225,8 +230,7 @@ class _BudgetedReader:
         self.fileobj, self.budget = fileobj, budget
 
     def read(self, size: int) -> bytes:
-        if size > self.budget.left:
-            self.budget.spend(size, "a length the stream claims")
+        self.budget.check(size, "a length the stream claims")
         pieces = []
         while size > 0:
             piece = self.fileobj.read(min(size, _READ_PIECE))
@@ -359,7 +363,7 @@ class RestrictedUnpickler(pickle._Unpickler):
             if _nbytes(data) != count * dtype.itemsize:
                 raise _Refused(f"{count * dtype.itemsize} bytes of data expected")
         except _Refused as reason:
-            raise UnsafePickleError(f"{self.source}: refusing an array of shape {shape!r}: {reason}") from None
+            raise UnsafePickleError(f"{self.source}: refusing an array of shape {reprlib.repr(shape)}: {reason}") from None
         return count * dtype.itemsize
 
 

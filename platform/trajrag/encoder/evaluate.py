@@ -17,8 +17,9 @@ its recall could move on another.
 
 With ``write`` (the default), every chunk of the store then gets the trained embedding and the
 encoder's version, whether recall could be measured or not (a small store may hold no held-out
-chunk that shares its group with another: the result says so), in batches of ``eval.write_batch`` (one store commit each). The store takes a
-single writer: do not run this while a corpus build is inserting into the same store.
+chunk that shares its group with another: the result says so), in batches of
+``eval.write_batch`` (one store commit each). The store takes a single writer: do not run this
+while a corpus build is inserting into the same store.
 """
 
 from __future__ import annotations
@@ -171,24 +172,23 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     trained_on = set(encoder.meta.get("train_scenes", []))
     held = [r for r in records if r.scene not in trained_on]
     try:
-        result = _held_out_recall(store, model_dir, encoder, held, names, cfg, hits)
+        result, queries = _held_out_recall(store, model_dir, encoder, held, names, cfg, hits)
     except RecallNotMeasurable as exc:
         if hits is not None:
             raise
-        result = {"recall_measured": False, "recall_not_measured_because": str(exc), "queries": 0}
+        result, queries = {"recall_measured": False, "recall_not_measured_because": str(exc)}, 0
     written = embed_chunks(store, encoder, records, names, cfg) if write else 0
     encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
-                          "queries": result.pop("queries"), "written": written,
-                          "encoder_version": encoder.version}
+                          "queries": queries, "written": written, "encoder_version": encoder.version}
     return result
 
 
 def _held_out_recall(store: Any, model_dir: str | Path, encoder: Any, held: Sequence[ChunkRecord],
-                     names: Mapping[int, str], cfg: EncoderConfig, hits: dict | None) -> dict:
-    """``evaluate_encoder``'s recall part on the ``held`` chunks: the three embeddings' recall@k,
-    the paired differences and the query count (``queries``); ``RecallNotMeasurable`` when
-    there is no held-out chunk or no query among them."""
+                     names: Mapping[int, str], cfg: EncoderConfig, hits: dict | None) -> tuple[dict, int]:
+    """``evaluate_encoder``'s recall part on the ``held`` chunks: the three embeddings' recall@k
+    with the paired differences, and the query count; ``RecallNotMeasurable`` when there is no
+    held-out chunk or no query among them."""
     from trajrag.encoder.model import embed, untrained_model
 
     if not held:
@@ -209,7 +209,6 @@ def _held_out_recall(store: Any, model_dir: str | Path, encoder: Any, held: Sequ
     result.update({name: {f"recall@{k}": float(h.mean()) for k, h in by_k.items()}
                    for name, by_k in per_query.items()})
     result.update(paired_differences(per_query, cfg.train.seed))
-    result["queries"] = len(per_query["trained"][cfg.eval.ks[0]])
     if hits is not None:
         hits.update(per_query)
-    return result
+    return result, len(per_query["trained"][cfg.eval.ks[0]])
