@@ -54,7 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
     parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
-    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out)")
+    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out); the "
+                        "store's chunks must hold its embeddings (trajrag encoder eval writes them), or "
+                        "--set retrieval.embed_missing=true embeds them in memory at start-up (slow on large stores)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only); "
                         "a run resumes only with the settings in its run.json")
