@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from trajrag.cli import UserError, add_override_arg, apply_presets
+from trajrag.cli import UserError, add_override_arg, apply_presets, output_folder
 from trajrag.cli.episodes import SCENES_HELP
 from trajrag.config import ConfigError
 from trajrag.memory.store import StoreError
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         apply_presets(args)
+        output_folder(args.store, "--store")
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.overrides, seed=args.seed, workers=args.workers,
                                    progress=not args.json, ray_address=args.ray_address,

@@ -175,6 +175,9 @@ def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path,
     picture = tmp_path / "group.png"
     assert main(["corpus", "show", "--store", store, "--out", str(picture)]) == 0
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    bare = tmp_path / "bare"  # no suffix: the PNG is the file named, as printed, not bare.png
+    assert main(["corpus", "show", "--store", store, "--out", str(bare)]) == 0
+    assert capsys.readouterr().out.split()[-1] == str(bare) and bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["corpus", "show", "--store", store, "--group", "99999", "--out", str(picture)]) == 2
     assert "no group 99999" in capsys.readouterr().err
     assert main(["corpus", "show", "--store", store, "--group", "biggest", "--out", str(picture)]) == 2

@@ -269,6 +269,21 @@ def test_bad_trajectories_are_rejected_with_a_reason_and_change_nothing(tmp_path
     assert sorted(logged) == sorted(reasons.values())
 
 
+def test_a_rejected_walk_is_decided_once_whatever_the_reruns(tmp_path, cfg, homes):
+    """A re-run of a build (a new writer on the same store, as after a crash) neither walks a
+    rejected trajectory again nor logs it twice: `corpus build` "collects only the ids missing"."""
+    good = _trajs(homes, 1, 11, "x")[0]
+    one_node = SimpleNamespace(node_xy=good.node_xy[:1], sectors=good.sectors[:1], edges=np.zeros((0, 2)),
+                               categories=good.categories, goal="chair", reference_yaw=0.0, scene_id="s",
+                               episode_id="one")
+    first = _memory(tmp_path, cfg).insert_many([good, one_node, one_node])
+    assert [d.action for d in first] == ["new", "rejected", "duplicate"]
+    rerun = _memory(tmp_path, cfg)
+    assert rerun.known(first[1].trajectory_id)
+    assert [d.action for d in rerun.insert_many([good, one_node])] == ["duplicate", "duplicate"]
+    assert corpus_stats(rerun.store)["actions"] == {"new": 1, "rejected": 1}
+
+
 def test_a_corrupted_table_gives_a_clear_error_and_the_previous_version_stays_readable(
         tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)

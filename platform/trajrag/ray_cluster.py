@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,22 +18,53 @@ def ensure_ray(address: str | None = None, num_cpus: float | None = None, quiet:
     process, or start a local one with ``num_cpus`` CPUs (None: Ray counts them). Returns True
     when this call started or joined it, so the caller knows to shut it down.
 
-    Locally the dashboard stays off and usage stats are disabled (DESIGN.md: offline). ``quiet``
-    keeps the workers' output off the driver's terminal (Ray Train prints a report per step).
+    Locally the dashboard stays off and usage stats are disabled (DESIGN.md: offline), and the
+    session lives in a temporary folder of this process, removed when it exits (``_own_session``).
+    ``quiet`` keeps the workers' output off the driver's terminal (Ray Train prints a report per step).
     """
     import ray
 
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    logging = {"log_to_driver": False, "logging_level": "warning"} if quiet else {"log_to_driver": True}
+    # Ray starts its processes with subprocess (fork, then exec at once): the child never runs
+    # lancedb's runtime, so lancedb's fork warning, five per start, says nothing here. A fork
+    # without exec (multiprocessing) still warns.
+    warnings.filterwarnings("ignore", message="lancedb fork support is experimental", category=RuntimeWarning,
+                            module="subprocess")
+    log_options = {"log_to_driver": False, "logging_level": "warning"} if quiet else {"log_to_driver": True}
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         # Joining a cluster: local-instance options (num_cpus, include_dashboard) are not allowed.
-        ray.init(address=address, **logging)
+        ray.init(address=address, **log_options)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **logging)
+        # Token auth is Ray's default for a new local cluster: a warning that it is on, at every
+        # command, tells the user nothing (Ray's warnings that auth is off or failing stay).
+        logging.getLogger(_TOKEN_SETUP_LOGGER).addFilter(_drop_token_auth_enabled)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=_own_session(), **log_options)
     return True
+
+
+_TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _drop_token_auth_enabled(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _own_session() -> str:
+    """A temporary folder for a local Ray's session (logs, sockets, spilled objects), removed
+    with Ray's shutdown when this process exits: one-shot commands leave no ``/tmp/ray/session_*``."""
+    folder = tempfile.mkdtemp(prefix="trajrag-ray-")
+    atexit.register(_end_session, folder)
+    return folder
+
+
+def _end_session(folder: str) -> None:
+    import ray
+
+    ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def import_wandb(folder: str | Path) -> ModuleType:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from trajrag.config import ConfigError
 
@@ -42,6 +43,34 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     return (UserError, ConfigError, FileNotFoundError, StoreError, ValueModelError, RunSettingsError,
             RunClaimedError, RecordsError, ExperienceError, ChatError, LLMPlannerError, ValueWalkError, *DATA_ERRORS)
+
+
+def output_folder(path: str | Path, option: str) -> None:
+    """Refuse (``UserError``) a folder a command would write into that cannot be one: an existing
+    file at ``path`` or above it. Called before the command reads or writes anything, so a refused
+    command leaves nothing behind. Object-store URIs (``s3://...``) are not checked."""
+    if "://" in str(path):
+        return
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UserError(f"{option} {path} is a file: give a folder")
+    _parents_are_folders(Path(path), option)
+
+
+def output_file(path: str | Path, option: str) -> None:
+    """Refuse (``UserError``) a file a command would write that cannot be one: an existing folder
+    at ``path``, or a file above it; checked as ``output_folder`` is."""
+    if Path(path).is_dir():
+        raise UserError(f"{option} {path} is a folder: give a file name")
+    _parents_are_folders(Path(path), option)
+
+
+def _parents_are_folders(path: Path, option: str) -> None:
+    """The nearest existing folder above ``path`` must be a folder, not a file."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{option} {path}: {parent} is a file, not a folder")
+            return
 
 
 def add_override_arg(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import json
 
-from trajrag.cli import add_override_arg
+from trajrag.cli import add_override_arg, output_folder
 from trajrag.perception.config import SEGMENTERS
 
 # name -> "module:function"; the function takes the parsed args and returns a JSON-able dict.
@@ -85,6 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    for option, folder in (("--curves", args.curves), ("--workdir", args.workdir)):
+        if folder is not None:
+            output_folder(folder, option)
     module_name, func_name = BENCHES[args.name].split(":")
     result = getattr(importlib.import_module(module_name), func_name)(args)
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))

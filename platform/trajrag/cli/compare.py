@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from trajrag.cli import UserError
+from trajrag.cli import UserError, output_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +56,8 @@ def compare_command(args: argparse.Namespace) -> int:
         raise UserError("--pictures needs --scenes: the scenes the episodes ran in (as for trajrag eval)")
     if args.pictures_per_kind < 1:
         raise UserError(f"--pictures-per-kind must be at least 1, got {args.pictures_per_kind}")
+    if args.pictures is not None:
+        output_folder(args.pictures, "--pictures")
     try:
         comparisons = compare_runs([Path(f) for f in args.folders], args.baseline, runs, args.resamples)
     except ValueError as error:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections import Counter
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import SCENES_HELP
 
 
@@ -109,6 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_command(args: argparse.Namespace) -> int:
+    output_folder(args.store, "--store")
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.workers >= 1:
@@ -216,6 +217,7 @@ def regroup_command(args: argparse.Namespace) -> int:
     from trajrag.memory.regroup import regroup
     from trajrag.memory.stats import corpus_stats
 
+    output_folder(args.out, "--out")
     start = time.perf_counter()
     replayed = regroup(args.store, args.out, config.load("memory", args.overrides), progress=not args.json)
     seconds = time.perf_counter() - start
@@ -244,6 +246,7 @@ def show_command(args: argparse.Namespace) -> int:
     from trajrag.memory.store import MemoryStore
     from trajrag.memory.viz import pick_group, render_group_png
 
+    output_file(args.out, "--out")
     store = MemoryStore(args.store, read_only=True)
     try:
         group_id = pick_group(store, args.group)

@@ -5,7 +5,8 @@
 * ``trajrag encoder eval --store PATH --model MODEL_DIR [--json] [--no-write]``: recall@1/5/10 on
   the held-out scenes for the trained encoder, the text baseline and the untrained encoder, and the
   trained encoder's paired difference to each with a bootstrap interval (one JSON object), then
-  the trained embeddings written into the store's chunks.
+  the trained embeddings written into the store's chunks (also when recall cannot be measured:
+  ``recall_measured`` false and ``recall_not_measured_because``).
 * ``trajrag encoder cv --store PATH --out DIR [--folds K]``: the same recall over K folds that
   hold out every scene once, pooled, with paired bootstrap intervals (``encoder.crossval``).
 
@@ -19,7 +20,7 @@ import argparse
 import json
 import sys
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on, for the trained encoder, the MiniLM text baseline and the untrained encoder, and the "
         "trained encoder's paired difference to each with a 95% bootstrap interval over queries "
         "(one split holds few queries: `encoder cv` pools every scene); then writes the trained "
-        "embeddings into the store (unless --no-write).")
+        "embeddings into the store (unless --no-write), which `trajrag eval --planner trajrag` needs. "
+        "A store too small to measure recall on (no held-out chunk shares its group with another) "
+        "is still embedded: the JSON says recall_measured false and why.")
     ev.add_argument("--store", required=True, help="memory store URI")
     ev.add_argument("--model", required=True, help="model folder written by `encoder train`")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -78,6 +81,7 @@ def train_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.train import train_encoder
 
+    output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         result = train_encoder(args.store, args.out, workers=args.workers,
@@ -110,6 +114,7 @@ def cv_command(args: argparse.Namespace) -> int:
     from trajrag.encoder import EncoderError
     from trajrag.encoder.crossval import cross_validate
 
+    output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         result = cross_validate(args.store, args.out, args.folds, workers=args.workers,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
 
@@ -54,7 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
     parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
-    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out)")
+    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out); the "
+                        "store's chunks must hold its embeddings (trajrag encoder eval writes them), or "
+                        "--set retrieval.embed_missing=true embeds them in memory at start-up (slow on large stores)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only); "
                         "a run resumes only with the settings in its run.json")
@@ -195,7 +197,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
-    """Options that do not go together, refused before anything is read."""
+    """Options that do not go together, and an --out that cannot be a folder, refused before
+    anything is read."""
+    output_folder(args.out, "--out")
+    if args.lifelong and args.store:
+        output_folder(args.store, "--store")
+    elif args.store and "://" not in args.store and not Path(args.store).is_dir():
+        raise UserError(f"--store {args.store}: no memory there: build one with `trajrag corpus build`")
     if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
         raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):

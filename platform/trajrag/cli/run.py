@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_folder
 from trajrag.file_locks import claim
 
 # Held by the run writing the folder (trajrag.file_locks: dropped when its process ends).
@@ -101,6 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         raise config.ConfigError(f"run.overrides: {exc}") from None
     out = Path(args.out or cfg.out)
+    output_folder(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     # The stages claim the memory and the evaluation runs, but nothing claimed the encoder's
     # folder: a second run there would train over the first's model. One run per folder.
@@ -184,8 +185,7 @@ def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: boo
 def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say, corpus_grew: bool) -> dict:
     """Stage 2: train f_E (kept when ``model`` already holds one) and embed every chunk (kept,
     with its recall report, when the model was kept and the corpus did not grow)."""
-    from trajrag.encoder import EncoderError
-    from trajrag.encoder.evaluate import embed_store, evaluate_encoder
+    from trajrag.encoder.evaluate import evaluate_encoder
     from trajrag.encoder.model import read_meta
     from trajrag.encoder.train import train_encoder
 
@@ -200,18 +200,18 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
                       overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
     else:
         say(f"[2/5] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
-    try:  # recall on held-out scenes, and every chunk's embedding written
-        result = evaluate_encoder(store, model, overrides=overrides)
-        result["embedded_chunks"] = result["held_out"]["written"]
+    # recall on held-out scenes when the corpus holds queries, and every chunk's embedding written
+    result = evaluate_encoder(store, model, overrides=overrides)
+    result["embedded_chunks"] = result["held_out"]["written"]
+    if not result["recall_measured"]:
+        say(f"      held-out recall not measured: {result['recall_not_measured_because']}")
+    else:
         say("      held-out recall@5: trained {:.3f}, text {:.3f}, untrained {:.3f}".format(
             *(result[k]["recall@5"] for k in ("trained", "text", "untrained"))))
         vs_text = result["trained_minus_text"]["recall@5"]
         say("      trained - text {:+.3f} [{:+.3f}, {:+.3f}] over {} queries of one split "
             "(`trajrag encoder cv` pools every scene)".format(
                 vs_text["mean"], *vs_text["ci95"], result["held_out"]["queries"]))
-    except EncoderError as exc:  # too small a corpus to measure recall: say so, still embed
-        result = {"error": str(exc), "embedded_chunks": embed_store(store, model, overrides)}
-        say(f"      held-out recall not measured: {exc}")
     report.write_text(json.dumps(result, indent=1))
     return result
 

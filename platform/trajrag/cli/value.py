@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from trajrag.cli import UserError, add_override_arg
+from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
 
@@ -82,6 +82,7 @@ def fit_command(args: argparse.Namespace) -> int:
                         "to keep")
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
+    _check_outputs(args)
     if kept:
         report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.overrides)
     else:
@@ -91,6 +92,19 @@ def fit_command(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"wrote {args.out}: use it with --set scoring.value_model={args.out}", file=sys.stderr)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every path ``value fit`` writes, checked before anything is walked or written: the model,
+    its experience table beside it, and the kept decisions with their per-scene folder."""
+    from trajrag.agent.value_parts import DecisionParts
+    from trajrag.retrieval.experience import experience_path
+
+    output_file(args.out, "--out")
+    output_folder(experience_path(args.out), "--out's experience table")
+    if args.save_decisions:
+        output_file(args.save_decisions, "--save-decisions")
+        output_folder(DecisionParts(args.save_decisions, {}).folder, "--save-decisions' scene folder")
 
 
 @contextlib.contextmanager

@@ -188,24 +188,17 @@ class GroupingWriter:
     def __init__(self, store_uri: str, overrides: Sequence[str], fault: FaultPlan | None = None) -> None:
         from trajrag import config
         from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.store import DECISIONS
         from trajrag.memory.value_log import ValueLog
 
         self.memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
         self.value_log = ValueLog(store_uri)
-        # Rejected trajectories (e.g. a single node) are not "known" to the memory; keep their
-        # ids too, so a rerun neither collects nor logs them again.
-        rejected = self.memory.store.read(DECISIONS, ["trajectory_id"], where="action = 'rejected'")
-        self.rejected = set(rejected.column("trajectory_id").to_pylist())
         self.fault = fault
         self.commits = 0
 
-    def _done(self, trajectory_id: str) -> bool:
-        return self.memory.known(trajectory_id) or trajectory_id in self.rejected
-
     def missing(self, trajectory_ids: Sequence[str]) -> list[str]:
-        """The ids among ``trajectory_ids`` the store has not decided on yet."""
-        return [tid for tid in trajectory_ids if not self._done(tid)]
+        """The ids among ``trajectory_ids`` the store has not decided on yet (``TrajectoryMemory.known``:
+        chunks, ids dropped as redundant and ids rejected)."""
+        return [tid for tid in trajectory_ids if not self.memory.known(tid)]
 
     def write(self, seq: int, batch: Sequence[tuple[str, EpisodeItem]]) -> dict:
         """Insert ``(trajectory_id, item)`` pairs in one ``insert_many`` (one commit); ids already
@@ -214,7 +207,7 @@ class GroupingWriter:
         actions: dict[str, str] = {}
         fresh, walked = [], []
         for tid, item in batch:
-            if self._done(tid) or tid in actions:
+            if self.memory.known(tid) or tid in actions:
                 actions[tid] = "duplicate"
                 continue
             traj = item.trajectory
@@ -229,8 +222,6 @@ class GroupingWriter:
         self.value_log.append(walked)
         for decision in self.memory.insert_many(fresh) if fresh else []:
             actions[decision.trajectory_id] = decision.action
-            if decision.action == "rejected":
-                self.rejected.add(decision.trajectory_id)
         self.commits += 1
         if self.fault and self.fault.writer_exit_after_commits == self.commits:
             self.fault.fire()

@@ -25,6 +25,11 @@ class EncoderError(RuntimeError):
     store or value at fault."""
 
 
+class RecallNotMeasurable(EncoderError):
+    """The held-out chunks hold no query (a chunk with another chunk of its group): the store is
+    too small, or the model was trained on every scene of it."""
+
+
 @dataclass
 class NodeEncoderConfig:
     """The frozen node encoder E_node (values and sources: ``configs/encoder.yaml``).

@@ -16,8 +16,10 @@ bootstrap interval over queries: one split holds few queries, and the interval s
 its recall could move on another.
 
 With ``write`` (the default), every chunk of the store then gets the trained embedding and the
-encoder's version, in batches of ``eval.write_batch`` (one store commit each). The store takes a
-single writer: do not run this while a corpus build is inserting into the same store.
+encoder's version, whether recall could be measured or not (a small store may hold no held-out
+chunk that shares its group with another: the result says so), in batches of
+``eval.write_batch`` (one store commit each). The store takes a single writer: do not run this
+while a corpus build is inserting into the same store.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajrag.bootstrap import paired_interval
-from trajrag.encoder import EncoderConfig, EncoderError, load_config, torch_device
+from trajrag.encoder import EncoderConfig, EncoderError, RecallNotMeasurable, load_config, torch_device
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
 
 
@@ -42,8 +44,7 @@ def query_hits(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> dict[int,
     sizes = {g: int(n) for g, n in zip(*np.unique(group, return_counts=True))}
     queries = np.array([sizes[g] > 1 for g in group.tolist()], dtype=bool)
     if not queries.any():
-        raise EncoderError("no held-out chunk shares its group with another held-out chunk: "
-                           "recall cannot be measured")
+        raise RecallNotMeasurable("no held-out chunk shares its group with another held-out chunk")
     sim = z[queries] @ z.T
     sim[np.arange(int(queries.sum())), np.flatnonzero(queries)] = -np.inf
     k_max = min(max(ks), len(z) - 1)
@@ -148,14 +149,18 @@ def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()
 def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,
                      overrides: Sequence[str] = (), write: bool = True,
                      node_encoder: Any = None, hits: dict | None = None) -> dict:
-    """Held-out recall of the trained encoder, the text baseline and the untrained encoder.
+    """Held-out recall of the trained encoder, the text baseline and the untrained encoder, then
+    (``write``) every chunk's embedding written, whether recall could be measured or not.
 
-    Returns ``{"trained": {"recall@1": ..}, "text": {..}, "untrained": {..},
-    "trained_minus_text": .., "trained_minus_untrained": .. (``paired_differences``),
-    "held_out": {scenes, chunks, queries, written, encoder_version}}``. ``hits``, when given, is
-    filled with ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds.
+    Returns ``{"recall_measured": true, "trained": {"recall@1": ..}, "text": {..}, "untrained":
+    {..}, "trained_minus_text": .., "trained_minus_untrained": .. (``paired_differences``),
+    "held_out": {scenes, chunks, queries, written, encoder_version}}``; when the held-out chunks
+    hold no query (``RecallNotMeasurable``), ``{"recall_measured": false,
+    "recall_not_measured_because": reason, "held_out": ..}``. ``hits``, when given, is filled
+    with ``{embedding name: {k: bool per query}}`` (``query_hits``) for pooling across folds,
+    and a fold without queries raises ``RecallNotMeasurable``.
     """
-    from trajrag.encoder.model import TrajectoryEncoder, embed, untrained_model
+    from trajrag.encoder.model import TrajectoryEncoder
     from trajrag.memory.store import MemoryStore
 
     cfg = cfg or load_config(overrides)
@@ -166,9 +171,29 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     records, names = read_records(store)
     trained_on = set(encoder.meta.get("train_scenes", []))
     held = [r for r in records if r.scene not in trained_on]
+    try:
+        result, queries = _held_out_recall(store, model_dir, encoder, held, names, cfg, hits)
+    except RecallNotMeasurable as exc:
+        if hits is not None:
+            raise
+        result, queries = {"recall_measured": False, "recall_not_measured_because": str(exc)}, 0
+    written = embed_chunks(store, encoder, records, names, cfg) if write else 0
+    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
+                          "queries": queries, "written": written, "encoder_version": encoder.version}
+    return result
+
+
+def _held_out_recall(store: Any, model_dir: str | Path, encoder: Any, held: Sequence[ChunkRecord],
+                     names: Mapping[int, str], cfg: EncoderConfig, hits: dict | None) -> tuple[dict, int]:
+    """``evaluate_encoder``'s recall part on the ``held`` chunks: the three embeddings' recall@k
+    with the paired differences, and the query count; ``RecallNotMeasurable`` when there is no
+    held-out chunk or no query among them."""
+    from trajrag.encoder.model import embed, untrained_model
+
     if not held:
-        raise EncoderError(f"memory store {store.uri} has no chunks outside the scenes "
-                           f"{Path(model_dir)} was trained on")
+        raise RecallNotMeasurable(f"memory store {store.uri} has no chunks outside the scenes "
+                                  f"{Path(model_dir)} was trained on")
     data = encode_records(held, names, encoder.node_encoder)
     index = np.arange(len(data))
     seqs, goals = data.sequences(index), data.goal_vectors(index)
@@ -180,15 +205,10 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
         "untrained": embed(untrained_model(encoder.meta, encoder.model), seqs, goals, batch),
     }
     per_query = {name: query_hits(z, data.group, cfg.eval.ks) for name, z in embeddings.items()}
-    result: dict = {name: {f"recall@{k}": float(h.mean()) for k, h in by_k.items()}
-                    for name, by_k in per_query.items()}
+    result: dict = {"recall_measured": True}
+    result.update({name: {f"recall@{k}": float(h.mean()) for k, h in by_k.items()}
+                   for name, by_k in per_query.items()})
     result.update(paired_differences(per_query, cfg.train.seed))
-    queries = len(per_query["trained"][cfg.eval.ks[0]])
     if hits is not None:
         hits.update(per_query)
-    written = embed_chunks(store, encoder, records, names, cfg) if write else 0
-    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
-    result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
-                          "queries": queries, "written": written,
-                          "encoder_version": encoder.version}
-    return result
+    return result, len(per_query["trained"][cfg.eval.ks[0]])

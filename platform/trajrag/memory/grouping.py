@@ -322,6 +322,8 @@ class TrajectoryMemory:
             self.index.set_group(summary.group_id, summary.sectors)
         redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
         self._redundant_ids = set(redundant.column("trajectory_id").to_pylist())
+        rejected = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'rejected'")
+        self._rejected_ids = set(rejected.column("trajectory_id").to_pylist()) - {""}
         chunks = self.store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "summary_nodes"])
         aliases = self.store.group_aliases()
         self._members: dict[int, dict[str, list[_Member]]] = {}
@@ -358,8 +360,10 @@ class TrajectoryMemory:
         return [m.trajectory_id for members in self._members.get(group_id, {}).values() for m in members]
 
     def known(self, trajectory_id: str) -> bool:
-        """Stored as a chunk, or dropped as redundant (both make a re-insert a no-op)."""
-        return trajectory_id in self._chunk_ids or trajectory_id in self._redundant_ids
+        """Decided on already: stored as a chunk, dropped as redundant or rejected (each makes a
+        re-insert a no-op, so a re-run neither walks it again nor logs a second decision)."""
+        return (trajectory_id in self._chunk_ids or trajectory_id in self._redundant_ids
+                or trajectory_id in self._rejected_ids)
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -687,6 +691,7 @@ class TrajectoryMemory:
             return Decision(tid, "duplicate", reason="trajectory id already in the store")
         prep = self._prepare(traj, tid, description, policy)
         if isinstance(prep, str):
+            self._rejected_ids.add(tid)
             return self._record(Decision(tid, "rejected", reason=prep))
         matches = self._accepted_matches(prep)
         if not matches:

@@ -97,6 +97,21 @@ def _shared_places(a: np.ndarray, b: np.ndarray, radius_m: float) -> int:
     return int((d.min(axis=1) <= radius_m).sum())
 
 
+def decision_counts(store: MemoryStore) -> Counter:
+    """Decisions by action, a rejected trajectory counted once: builds before rejected ids were
+    known to the memory walked and rejected them again on every re-run."""
+    decisions = store.read(DECISIONS, ["action", "trajectory_id"])
+    seen: set[str] = set()
+    counts: Counter = Counter()
+    for action, tid in zip(decisions.column("action").to_pylist(), decisions.column("trajectory_id").to_pylist()):
+        if action == "rejected" and tid:
+            if tid in seen:
+                continue
+            seen.add(tid)
+        counts[action] += 1
+    return counts
+
+
 def corpus_stats(store: MemoryStore | str, ceiling: tuple[int, float] | None = None) -> dict:
     """One JSON-able dict: chunks, groups, actions (decision counts), purity, completeness,
     scenes, bytes_per_chunk (chunks table bytes / rows, embedding null until encoded) and
@@ -109,7 +124,7 @@ def corpus_stats(store: MemoryStore | str, ceiling: tuple[int, float] | None = N
     group_ids = store.resolve_groups(chunks.column("group_id").to_pylist())
     scenes = chunks.column("scene_hint").to_pylist()
     purity, completeness = purity_completeness(group_ids, scenes)
-    actions = Counter(store.read(DECISIONS, ["action"]).column("action").to_pylist())
+    actions = decision_counts(store)
     sizes = store.table_bytes()
     n = len(group_ids)
     extra = {}

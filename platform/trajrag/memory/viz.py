@@ -74,6 +74,8 @@ def render_group_png(store: MemoryStore, group_id: int, path: str | Path, *, dpi
     ax.set_aspect("equal", adjustable="datalim")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(Path(path), dpi=dpi)
+    # format given: matplotlib would otherwise add ".png" to a name without a suffix, and the
+    # path returned (and printed by `corpus show`) would not be the file written.
+    fig.savefig(Path(path), dpi=dpi, format="png")
     plt.close(fig)
     return Path(path)
