@@ -66,6 +66,36 @@ def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memor
     assert sims == sorted(sims, reverse=True)
 
 
+def _prefix(traj, nodes):
+    """The first ``nodes`` nodes of a trajectory (a walk as it was earlier)."""
+    return replace(traj, node_xy=traj.node_xy[:nodes], sectors=traj.sectors[:nodes],
+                   node_visit_steps=traj.node_visit_steps[:nodes], node_ids=traj.node_ids[:nodes])
+
+
+def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_report_the_split(nav_memory):
+    store, model_dir = nav_memory
+    reference = _retriever(store, model_dir, "retrieval.query_cache=0")
+    cached = _retriever(store, model_dir)
+    (_, walk), (_, other) = _stored(store, 0), _stored(store, 1)
+    # A walk growing by a node per decision: each decision repeats most of the previous one's
+    # candidates, as a navigator's re-decisions do, and the walks share their first nodes.
+    decisions = [[_prefix(walk, n), _prefix(walk, n + 1), _prefix(other, min(n, len(other)))]
+                 for n in range(3, min(len(walk), 8))]
+    for candidates in decisions:
+        want = reference.retrieve(candidates, walk.goal)
+        got = cached.retrieve(candidates, walk.goal)
+        for wanted, found in zip(want.experiences, got.experiences, strict=True):
+            assert [(e.trajectory_id, e.group_id, e.coarse_score) for e in found] == \
+                [(e.trajectory_id, e.group_id, e.coarse_score) for e in wanted]
+            # z of a cached candidate came from another batch: float32 rounding, nothing more.
+            assert [e.similarity for e in found] == pytest.approx([e.similarity for e in wanted], abs=1e-6)
+        assert 0 < got.encode_ms <= got.fine_ms and got.coarse_ms > 0
+    assert cached.cache_hits >= len(decisions) - 1 and reference.cache_hits == 0
+    # Repeated outright, a decision is answered from the cache alone and costs no encoding.
+    again = cached.retrieve(decisions[-1], walk.goal)
+    assert again.encode_ms < got.encode_ms
+
+
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
     from trajrag.bench.store import perturb
 

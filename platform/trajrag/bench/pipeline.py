@@ -15,8 +15,15 @@
   ``eval_store`` / ``eval_model`` name one.
 * ``serve_ms_p50`` and ``serve_ms_p99``: end-to-end latency of one decision request through the
   Planner deployment's ``DeploymentHandle`` (request encoding, Planner -> Retriever -> scoring,
-  answer), one request at a time, replaying the decision requests recorded from a real
-  navigation run (nearest-frontier walk of the first benchmark episode) in a loop.
+  answer), one request at a time, replaying the decision requests recorded from real navigation
+  (nearest-frontier walks of the benchmark episodes, up to ``serve_requests`` decisions), each
+  once and in order; split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
+  ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
+  on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
+  and ``serve_speedup_p50``.
+
+Empty ``corpus_workers`` / ``eval_workers`` skip those runs (``--set
+pipeline_bench.corpus_workers=[] --set pipeline_bench.eval_workers=[]``: the Serve replay alone).
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
         # Per-core costs (CPU seconds of the actor processes): the basis of a capacity plan.
         result[f"corpus_collect_cpu_s_per_traj_{n}"] = cpu["collect_and_convert"] / collected
         result[f"corpus_insert_cpu_s_per_traj_{n}"] = cpu["insert"] / collected
-    result["corpus_trajectories"] = summary["collected"]
+        result["corpus_trajectories"] = summary["collected"]
     return result
 
 
@@ -171,34 +178,61 @@ def record_decisions(scenes: list, episodes: list, overrides: list[str], at_leas
     return planner.requests
 
 
-def serve_latency(app: str, requests: list[dict], n: int, warmup: int) -> dict:
-    """``serve_ms_p50`` / ``serve_ms_p99`` (and mean) of ``n`` decision requests through the app's
-    handle, one at a time, cycling through ``requests`` after ``warmup`` unmeasured ones."""
+def serve_latency(app: str, requests: list[dict], warmup: int, prefix: str = "serve") -> dict:
+    """``<prefix>_ms_p50`` / ``_p99`` (and mean) of the decision ``requests`` through the app's
+    handle, one at a time, each once and in the recorded order (as an evaluator sends them: a
+    request seen before would find every candidate in the retriever's cache), after ``warmup``
+    unmeasured requests of their own (the last recorded ones, repeated). With the retriever's
+    split: ``<prefix>_coarse_ms_p50``, ``_encode_ms_p50``, ``_search_ms_p50``, and
+    ``<prefix>_overhead_ms_p50``, the round trip minus the retriever's compute time (the Serve
+    hops, the wire format and scoring)."""
     from ray import serve
 
     if not requests:
         raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
     handle = serve.get_app_handle(app)
-    for i in range(warmup):
-        handle.decide.remote(requests[i % len(requests)]).result()
-    times, retrieval = [], []
-    for i in range(n):
+    for request in requests[-warmup:] if warmup else []:
+        handle.decide.remote(request).result()
+    times, answers = [], []
+    for request in requests:
         started = time.perf_counter()
-        answer = handle.decide.remote(requests[i % len(requests)]).result()
+        answers.append(handle.decide.remote(request).result())
         times.append((time.perf_counter() - started) * 1e3)
-        retrieval.append(answer["retrieval_ms"])
+    retrieval = np.array([a["retrieval_ms"] for a in answers])
+    coarse = np.array([a["coarse_ms"] for a in answers])
+    encode = np.array([a["encode_ms"] for a in answers])
+    return {f"{prefix}_ms_p50": float(np.percentile(times, 50)), f"{prefix}_ms_p99": float(np.percentile(times, 99)),
+            f"{prefix}_ms_mean": float(np.mean(times)), f"{prefix}_retrieval_ms_p50": float(np.median(retrieval)),
+            f"{prefix}_coarse_ms_p50": float(np.median(coarse)), f"{prefix}_encode_ms_p50": float(np.median(encode)),
+            f"{prefix}_search_ms_p50": float(np.median(retrieval - coarse - encode)),
+            f"{prefix}_overhead_ms_p50": float(np.median(np.array(times) - retrieval))}
+
+
+def serve_comparison(requests: list[dict], overrides: list[str], warmup: int) -> dict:
+    """The Serve latency of the planner app as configured and, in the same run, of the same app
+    with ``retrieval.query_cache=0`` (``serve_reference_*``: every decision computed afresh, the
+    path before the caches), each deployed alone; plus what was replayed."""
+    from trajrag.distributed.evaluate import load_job_config
+    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
+
     sizes = [len(json.dumps(r)) for r in requests]
-    return {"serve_ms_p50": float(np.percentile(times, 50)), "serve_ms_p99": float(np.percentile(times, 99)),
-            "serve_ms_mean": float(np.mean(times)), "serve_retrieval_ms_p50": float(np.median(retrieval)),
-            "serve_requests": n, "serve_recorded_decisions": len(requests),
-            "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
-            "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
+    result = {"serve_requests": len(requests), "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
+              "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
+    for prefix, extra in (("serve_reference", ["retrieval.query_cache=0"]), ("serve", [])):
+        app, deployed = deploy_planner_app([*overrides, *extra], load_job_config(overrides).serve)
+        try:
+            result.update(serve_latency(app, requests, warmup, prefix))
+        finally:
+            if deployed:
+                delete_planner_app(app)
+    result["serve_speedup_p50"] = result["serve_reference_ms_p50"] / result["serve_ms_p50"]
+    return result
 
 
 def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[str], progress: bool) -> dict:
     """The evaluation throughput and the Serve latency on one memory (given or built small)."""
     from trajrag.distributed.evaluate import load_job_config
-    from trajrag.distributed.serve_planner import deploy_planner_app
+    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
     from trajrag.world.datasets import load_episodes, load_scenes
 
     memory_scenes = cfg.quick_eval_memory_scenes if quick else cfg.eval_memory_scenes
@@ -219,13 +253,16 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[s
         overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *overrides]
         scenes = load_scenes(scene_spec, overrides)
         episodes = load_episodes(episode_spec, scenes, overrides)
-        started = time.perf_counter()
-        app, _ = deploy_planner_app(overrides, load_job_config(overrides).serve)
-        result["serve_deploy_s"] = time.perf_counter() - started
-        result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
-        requests = record_decisions(scenes, episodes, overrides)
+        if cfg.eval_workers:
+            started = time.perf_counter()
+            app, deployed = deploy_planner_app(overrides, load_job_config(overrides).serve)
+            result["serve_deploy_s"] = time.perf_counter() - started
+            result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
+            if deployed:  # the replay deploys its own, one app at a time
+                delete_planner_app(app)
         n = cfg.quick_serve_requests if quick else cfg.serve_requests
-        result.update(serve_latency(app, requests, n, cfg.serve_warmup))
+        requests = record_decisions(scenes, episodes, overrides, at_least=n)[:n]
+        result.update(serve_comparison(requests, overrides, cfg.serve_warmup))
     result.update(eval_scenes=scene_spec, eval_episodes_spec=episode_spec, eval_planner=cfg.eval_planner)
     return result
 
@@ -245,7 +282,7 @@ def run(args: argparse.Namespace) -> dict:
         overrides = list(args.overrides)
     # One Ray for all runs, with logical CPUs for the largest corpus run and the largest
     # evaluation (its evaluators + the Serve replicas).
-    job = load_job_config(args.overrides, max(cfg.eval_workers))
+    job = load_job_config(args.overrides, max(cfg.eval_workers, default=1))
     own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(cpus_needed(job, True))))
     try:
         result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), overrides,

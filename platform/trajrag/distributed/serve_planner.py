@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext
+from trajrag.planners.base import PlannerContext, RetrievalTimings
 from trajrag.planners.scoring import with_kept_points
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
@@ -195,6 +195,7 @@ def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
         "experiences": [[_experience_to_dict(e) for e in exps] for exps in retrieval.experiences],
         "names": {str(k): v for k, v in retrieval.names.items()},
         "coarse_ms": float(retrieval.coarse_ms), "fine_ms": float(retrieval.fine_ms),
+        "encode_ms": float(retrieval.encode_ms),
         "goal_points": None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist(),
     }
 
@@ -214,7 +215,8 @@ def retrieval_from_dict(data: Mapping[str, Any]) -> DecisionRetrieval:
     names = {int(k): v for k, v in data["names"].items()}
     points = data.get("goal_points")
     return DecisionRetrieval(experiences, names, float(data["coarse_ms"]), float(data["fine_ms"]),
-                             None if points is None else np.asarray(points, dtype=float).reshape(-1, 2))
+                             None if points is None else np.asarray(points, dtype=float).reshape(-1, 2),
+                             encode_ms=float(data.get("encode_ms", 0.0)))
 
 
 # -- the deployments ------------------------------------------------------------------------------
@@ -264,8 +266,10 @@ class PlannerDeployment:
         self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, list(overrides)))
 
     async def decide(self, request: Mapping[str, Any]) -> dict:
-        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms",
-        "goal_points"}`` (milliseconds; ``retrieval_ms`` is the retriever's own compute time;
+        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "encode_ms", "fine_ms",
+        "planner_ms", "goal_points"}`` (milliseconds; ``retrieval_ms`` is the retriever's own
+        compute time, ``coarse_ms`` + ``fine_ms`` of which ``encode_ms`` embedded the candidates;
+        ``planner_ms`` this replica's whole time, the hop to the retriever included;
         ``goal_points``: the projected goal points the choice used, joined with the request's
         own, which the client sends back with its next decision: the app keeps no episode state)."""
         started = time.perf_counter()
@@ -283,7 +287,7 @@ class PlannerDeployment:
         points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
-                "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3,
+                "encode_ms": retrieval.encode_ms, "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3,
                 "goal_points": points}
 
     async def __call__(self, http_request: Any) -> Any:
@@ -428,11 +432,13 @@ def replica_actor_names(name: str, deployment: str) -> list[str]:
 
 
 # -- the client -----------------------------------------------------------------------------------
-class RemotePlanner:
+class RemotePlanner(RetrievalTimings):
     """``planners.base.Planner`` that decides through the Planner deployment of app ``app``.
 
     Per episode it keeps ``retrieval_ms`` (the retriever's compute time per decision, as the
-    in-process planner reports it), ``serve_ms`` (request round trips) and ``serve_retries``.
+    in-process planner reports it, and its split: ``RetrievalTimings``), ``serve_ms`` (request
+    round trips), ``serve_overhead_ms`` (round trip minus retrieval: the Serve hops, the wire
+    format and scoring) and ``serve_retries``.
     Failed requests (a replica died, a timeout) are retried with exponential backoff for up to
     ``cfg.request_retry_s``; then ``ServeUnavailableError``. Malformed requests are not retried.
     """
@@ -446,21 +452,25 @@ class RemotePlanner:
         self.value = value  # the app's frontier value model: its features come from this side's map
         self.goal_points: list | None = None  # the episode's projected goal points, from the app
         self.goal = ""
-        self.retrieval_ms: list[float] = []
-        self.serve_ms: list[float] = []
-        self.retries = 0
+        self.reset_timings()
         self.last_answer: dict | None = None
 
     def reset(self, goal: str, seed: int) -> None:
         self.goal = goal
-        self.retrieval_ms, self.serve_ms, self.retries = [], [], 0
+        self.reset_timings()
         self.goal_points = None
+
+    def reset_timings(self) -> None:
+        super().reset_timings()
+        self.serve_ms: list[float] = []
+        self.serve_overhead_ms: list[float] = []  # round trip minus the retriever's compute time
+        self.retries = 0
 
     def episode_stats(self) -> dict:
         """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
-        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms],
-                "serve_ms": [round(t, 3) for t in self.serve_ms],
-                "serve_retries": self.retries, "fallbacks": 0}
+        return {**super().episode_stats(), "serve_ms": [round(t, 3) for t in self.serve_ms],
+                "serve_overhead_ms": [round(t, 3) for t in self.serve_overhead_ms],
+                "serve_retries": self.retries}
 
     def choose(self, ctx: PlannerContext) -> int:
         payload = {**decision_request(ctx, self.value), "goal_points": self.goal_points}
@@ -470,7 +480,9 @@ class RemotePlanner:
         if not 0 <= choice < len(ctx.candidates):
             raise RuntimeError(f"the planner app answered choice {choice} for {len(ctx.candidates)} candidates")
         self.last_answer = answer
-        self.retrieval_ms.append(float(answer["retrieval_ms"]))
+        self.add_timings(float(answer["retrieval_ms"]), float(answer.get("coarse_ms", 0.0)),
+                         float(answer.get("encode_ms", 0.0)))
+        self.serve_overhead_ms.append(self.serve_ms[-1] - self.retrieval_ms[-1])
         return choice
 
     def request(self, payload: dict) -> dict:
