@@ -418,6 +418,9 @@ def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path)
     # terms that varied across candidates (the small memory's context often does not)
     assert {"similarity", "nearness"} <= set(runs["trajrag"]["decision_term_rho"]) <= {"similarity", "context", "nearness"}
     assert runs["trajrag"]["retrieval_ms_p50"] > 0 and runs["frontier"]["retrieval_ms_p50"] is None
+    # where the retrieval time went: coarse stage, embedding the candidates, the search
+    assert runs["trajrag"]["coarse_ms_p50"] > 0 and runs["trajrag"]["encode_ms_p50"] >= 0
+    assert runs["trajrag"]["search_ms_p50"] > 0 and runs["frontier"]["coarse_ms_p50"] is None
     records = (out / "trajrag" / "episodes.jsonl").read_text().splitlines()
     assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]
     table = (out / "results.md").read_text()

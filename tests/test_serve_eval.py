@@ -118,6 +118,9 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     assert summary["complete"] and summary["workers"] == 2
     assert [a["episodes"] for a in summary["actors"]["evaluators"]] == [2, 2]
     assert summary["planner_calls"] > 0 and summary["retrieval_ms_p50"] > 0 and summary["serve_ms_p50"] > 0
+    # the split: the retriever's stages, and what the round trip adds to them
+    assert summary["coarse_ms_p50"] > 0 and summary["search_ms_p50"] > 0
+    assert 0 < summary["serve_overhead_ms_p50"] < summary["serve_ms_p50"]
     records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
     assert_each_once(records, planned)
 

@@ -20,7 +20,8 @@
   once and in order; split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
   ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
   on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
-  and ``serve_speedup_p50``.
+  and ``serve_speedup_p50``; with the retriever inside the Planner replicas and in a deployment
+  of its own, ``serve_in_planner_*`` and ``serve_two_deployments_*`` (``SERVE_VARIANTS``).
 
 Empty ``corpus_workers`` / ``eval_workers`` skip those runs (``--set
 pipeline_bench.corpus_workers=[] --set pipeline_bench.eval_workers=[]``: the Serve replay alone).
@@ -208,18 +209,27 @@ def serve_latency(app: str, requests: list[dict], warmup: int, prefix: str = "se
             f"{prefix}_overhead_ms_p50": float(np.median(np.array(times) - retrieval))}
 
 
+# The apps the replay compares (result key prefix, overrides after the bench's own): the one as
+# configured last, so a --set of the compared key still shows as its own row.
+SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
+                  ("serve_in_planner", ["eval_job.serve.retriever_in_planner=true"]),
+                  ("serve_two_deployments", ["eval_job.serve.retriever_in_planner=false"]),
+                  ("serve", []))
+
+
 def serve_comparison(requests: list[dict], overrides: list[str], warmup: int) -> dict:
-    """The Serve latency of the planner app as configured and, in the same run, of the same app
-    with ``retrieval.query_cache=0`` (``serve_reference_*``: every decision computed afresh, the
-    path before the caches), each deployed alone; plus what was replayed."""
+    """The Serve latency of the planner app as configured (``serve_*``) and, in the same run, of
+    the same app with ``retrieval.query_cache=0`` (``serve_reference_*``: every decision computed
+    afresh, the path before the caches), with the retriever inside the Planner replicas and in a
+    deployment of its own; each deployed alone; plus what was replayed."""
     from trajrag.distributed.evaluate import load_job_config
     from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
 
     sizes = [len(json.dumps(r)) for r in requests]
     result = {"serve_requests": len(requests), "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
               "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
-    for prefix, extra in (("serve_reference", ["retrieval.query_cache=0"]), ("serve", [])):
-        app, deployed = deploy_planner_app([*overrides, *extra], load_job_config(overrides).serve)
+    for prefix, extra in SERVE_VARIANTS:
+        app, deployed = deploy_planner_app([*overrides, *extra], load_job_config([*overrides, *extra]).serve)
         try:
             result.update(serve_latency(app, requests, warmup, prefix))
         finally:

@@ -418,8 +418,9 @@ def load_job_config(overrides: Sequence[str] = (), workers: int | None = None) -
 def cpus_needed(cfg: EvalJobConfig, served: bool) -> float:
     """Logical CPUs the job reserves: evaluators, plus the Serve replicas when it serves."""
     serve = cfg.serve
+    planners = serve.retriever_replicas if serve.retriever_in_planner else serve.planner_replicas
     replicas = (serve.retriever_replicas * serve.retriever_num_cpus +
-                serve.planner_replicas * serve.planner_num_cpus) if served else 0.0
+                planners * serve.planner_num_cpus) if served else 0.0
     return cfg.evaluators * cfg.evaluator_num_cpus + replicas
 
 

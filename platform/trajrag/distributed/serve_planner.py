@@ -10,6 +10,9 @@ One Serve application per planner configuration:
   ``decide(request) -> {"choice", "scores", "retrieval_ms", ...}`` inside the cluster; the same
   over HTTP as ``POST <route_prefix>/<app>`` with a JSON body, on the Serve proxy bound to
   ``127.0.0.1`` by default (``configs/eval_job.yaml`` ``serve.host``).
+* With ``serve.retriever_in_planner`` the app is the ``Planner`` deployment alone, each replica
+  loading its own retriever (sized as the ``Retriever`` would be): one hop per decision instead
+  of two, and no experiences on the wire.
 * ``RemotePlanner`` implements ``planners.base.Planner`` for the evaluator actors: each decision
   becomes one request to the Planner deployment through a handle.
 
@@ -59,6 +62,7 @@ class PlannerServeConfig:
     host: str
     port: int
     route_prefix: str
+    retriever_in_planner: bool
     retriever_replicas: int
     retriever_max_ongoing_requests: int
     retriever_num_cpus: float
@@ -257,11 +261,14 @@ class PlannerDeployment:
 
     def __init__(self, retriever: Any, overrides: Sequence[str]) -> None:
         from trajrag import config
+        from trajrag.planners.frontier_value import load_value_model
         from trajrag.planners.scoring import ScoringPlanner
+        from trajrag.retrieval.retriever import load_retriever
 
         self.retriever = retriever  # DeploymentHandle of the Retriever deployment
-        from trajrag.planners.frontier_value import load_value_model
-
+        # None: this replica retrieves itself (``serve.retriever_in_planner``): no second hop.
+        self.local = load_retriever(list(overrides)) if retriever is None else None
+        self.lock = threading.Lock()
         cfg = config.load("scoring", list(overrides))
         self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, list(overrides)))
 
@@ -274,10 +281,14 @@ class PlannerDeployment:
         own, which the client sends back with its next decision: the app keeps no episode state)."""
         started = time.perf_counter()
         ctx, trajectories = context_from_request(request)
-        answer = await self.retriever.retrieve.remote(
-            {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]],
-             "place": request.get("place")})
-        retrieval = retrieval_from_dict(answer)
+        if self.local is not None:
+            with self.lock:
+                retrieval = self.local.retrieve(trajectories, ctx.goal, ctx.place)
+        else:
+            answer = await self.retriever.retrieve.remote(
+                {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]],
+                 "place": request.get("place")})
+            retrieval = retrieval_from_dict(answer)
         if len(retrieval.experiences) != len(trajectories):
             raise RuntimeError(f"the retriever answered {len(retrieval.experiences)} candidates "
                                f"for {len(trajectories)}")
@@ -330,10 +341,18 @@ def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
 
 
 def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
-    """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle."""
+    """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle, or with
+    ``retriever_in_planner`` the ``Planner`` alone, sized as the retriever, retrieving itself."""
     from ray import serve
 
     own = app_overrides(overrides)
+    if cfg.retriever_in_planner:
+        alone = serve.deployment(
+            PlannerDeployment, name=PLANNER, num_replicas=cfg.retriever_replicas,
+            max_ongoing_requests=cfg.retriever_max_ongoing_requests,
+            health_check_period_s=cfg.health_check_period_s,
+            ray_actor_options={"num_cpus": cfg.retriever_num_cpus + cfg.planner_num_cpus})
+        return alone.bind(None, own)
     retriever = serve.deployment(
         RetrieverDeployment, name=RETRIEVER, num_replicas=cfg.retriever_replicas,
         max_ongoing_requests=cfg.retriever_max_ongoing_requests,

@@ -185,8 +185,7 @@ class Retriever:
         # The summaries and their node prefilter, exactly as the memory's writer sees them.
         self.memory = TrajectoryMemory(store, memory_cfg)
         self._apply_representation()
-        self._vote_cache: dict[bytes, dict[int, float]] = {}
-        self._new_caches()
+        self.clear_caches()
         self._load_chunks()
         self._search = search or ExactChunkSearch(self.embeddings)
 
@@ -195,16 +194,16 @@ class Retriever:
         self.store.checkout_latest()
         self.memory.reload()
         self._apply_representation()
-        self._vote_cache = {}
-        self._new_caches()
+        self.clear_caches()
         self._load_chunks()
         if isinstance(self._search, ExactChunkSearch):
             self._search = ExactChunkSearch(self.embeddings)
 
     # -- loading -------------------------------------------------------------------------------
-    def _new_caches(self) -> None:
-        """Empty candidate and node-embedding caches (``query_cache`` entries each; see the module
-        docstring), and their hit counters."""
+    def clear_caches(self) -> None:
+        """Forget the candidates, node embeddings (``query_cache``; see the module docstring) and
+        node votes seen, and zero the hit counters."""
+        self._vote_cache: dict[bytes, dict[int, float]] = {}
         self._known = LruCache(self.cfg.query_cache)
         self._node_rows = LruCache(self.cfg.query_cache * 16)  # a candidate has up to max_nodes rows
         self.cache_hits = self.cache_misses = 0
