@@ -189,6 +189,32 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
     assert asyncio.run(app.decide(request))["choice"] == 0  # nothing sent back: nothing kept
 
 
+def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_do(nav_memory):
+    import asyncio
+
+    from trajrag.distributed.serve_planner import PlannerDeployment, RetrieverDeployment, decision_request
+    from trajrag.planners.base import PlannerContext
+    from trajrag.topo.candidates import CandidatePath
+
+    store, model_dir = nav_memory
+    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"]
+    _, walk = _stored(store)
+    candidates = [CandidatePath(i, np.arange(2), 1.0, _prefix(walk, n)) for i, n in enumerate((3, len(walk)))]
+    ctx = PlannerContext(walk.goal, 9, None, None, walk, candidates,
+                         [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(2)],
+                         np.array([2.0, 2.0]))
+    request = json.loads(json.dumps(decision_request(ctx)))
+    retriever = RetrieverDeployment(overrides)
+
+    async def remote(payload):  # the Retriever deployment's handle, without Ray
+        return retriever.retrieve(payload)
+
+    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), overrides).decide(request))
+    alone = asyncio.run(PlannerDeployment(None, overrides).decide(request))  # serve.retriever_in_planner
+    assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
+    assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
+
+
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
     store, model_dir = nav_memory
     tid, traj = _stored(store, 1)

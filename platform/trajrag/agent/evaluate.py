@@ -27,8 +27,8 @@ from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
-from trajrag.planners.base import TIMING_LISTS
 from trajrag.file_locks import holder, lock_file, sign
+from trajrag.planners.base import TIMING_LISTS
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize

@@ -20,8 +20,8 @@
   once and in order; split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
   ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
   on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
-  and ``serve_speedup_p50``; with the retriever inside the Planner replicas and in a deployment
-  of its own, ``serve_in_planner_*`` and ``serve_two_deployments_*`` (``SERVE_VARIANTS``).
+  and ``serve_speedup_p50``; with the retriever inside the Planner replicas (the app as one
+  deployment), ``serve_in_planner_*`` (``SERVE_VARIANTS``).
 
 Empty ``corpus_workers`` / ``eval_workers`` skip those runs (``--set
 pipeline_bench.corpus_workers=[] --set pipeline_bench.eval_workers=[]``: the Serve replay alone).
@@ -179,20 +179,19 @@ def record_decisions(scenes: list, episodes: list, overrides: list[str], at_leas
     return planner.requests
 
 
-def serve_latency(app: str, requests: list[dict], warmup: int, prefix: str = "serve") -> dict:
+def serve_latency(app: str, requests: list[dict], warmup: list[dict], prefix: str = "serve") -> dict:
     """``<prefix>_ms_p50`` / ``_p99`` (and mean) of the decision ``requests`` through the app's
     handle, one at a time, each once and in the recorded order (as an evaluator sends them: a
-    request seen before would find every candidate in the retriever's cache), after ``warmup``
-    unmeasured requests of their own (the last recorded ones, repeated). With the retriever's
-    split: ``<prefix>_coarse_ms_p50``, ``_encode_ms_p50``, ``_search_ms_p50``, and
-    ``<prefix>_overhead_ms_p50``, the round trip minus the retriever's compute time (the Serve
-    hops, the wire format and scoring)."""
+    request seen before would find every candidate in the retriever's cache), after the
+    unmeasured ``warmup`` requests. With the retriever's split: ``<prefix>_coarse_ms_p50``,
+    ``_encode_ms_p50``, ``_search_ms_p50``, and ``<prefix>_overhead_ms_p50``, the round trip
+    minus the retriever's compute time (the Serve hops, the wire format and scoring)."""
     from ray import serve
 
     if not requests:
         raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
     handle = serve.get_app_handle(app)
-    for request in requests[-warmup:] if warmup else []:
+    for request in warmup:
         handle.decide.remote(request).result()
     times, answers = [], []
     for request in requests:
@@ -209,19 +208,18 @@ def serve_latency(app: str, requests: list[dict], warmup: int, prefix: str = "se
             f"{prefix}_overhead_ms_p50": float(np.median(np.array(times) - retrieval))}
 
 
-# The apps the replay compares (result key prefix, overrides after the bench's own): the one as
-# configured last, so a --set of the compared key still shows as its own row.
+# The apps the replay compares (result key prefix, overrides after the bench's own): the
+# retriever without its caches, the app as one deployment, and the app as configured.
 SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
                   ("serve_in_planner", ["eval_job.serve.retriever_in_planner=true"]),
-                  ("serve_two_deployments", ["eval_job.serve.retriever_in_planner=false"]),
                   ("serve", []))
 
 
-def serve_comparison(requests: list[dict], overrides: list[str], warmup: int) -> dict:
+def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[str]) -> dict:
     """The Serve latency of the planner app as configured (``serve_*``) and, in the same run, of
     the same app with ``retrieval.query_cache=0`` (``serve_reference_*``: every decision computed
-    afresh, the path before the caches), with the retriever inside the Planner replicas and in a
-    deployment of its own; each deployed alone; plus what was replayed."""
+    afresh, the path before the caches) and with the retriever inside the Planner replicas
+    (``serve_in_planner_*``); each deployed alone; plus what was replayed."""
     from trajrag.distributed.evaluate import load_job_config
     from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
 
@@ -271,8 +269,10 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[s
             if deployed:  # the replay deploys its own, one app at a time
                 delete_planner_app(app)
         n = cfg.quick_serve_requests if quick else cfg.serve_requests
-        requests = record_decisions(scenes, episodes, overrides, at_least=n)[:n]
-        result.update(serve_comparison(requests, overrides, cfg.serve_warmup))
+        # Warm-up requests recorded after the measured ones (the last ones again if too few).
+        requests = record_decisions(scenes, episodes, overrides, at_least=n + cfg.serve_warmup)
+        warmup = requests[n:] or requests[-cfg.serve_warmup:]
+        result.update(serve_comparison(requests[:n], warmup[:cfg.serve_warmup], overrides))
     result.update(eval_scenes=scene_spec, eval_episodes_spec=episode_spec, eval_planner=cfg.eval_planner)
     return result
 

@@ -558,6 +558,7 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
     summary = records_summary([done[keys[i]] for i in wanted if keys[i] in done])
     counts = pipe.counts if pipe else Counter()
     pipeline_s = pipe.seconds if pipe else 0.0
+
     def decisions(name: str) -> list[float]:  # per decision, over the episodes this job ran
         return [t for i in todo if keys[i] in done for t in done[keys[i]].get("planner_stats", {}).get(name, [])]
 

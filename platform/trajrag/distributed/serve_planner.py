@@ -298,8 +298,8 @@ class PlannerDeployment:
         points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
-                "encode_ms": retrieval.encode_ms, "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3,
-                "goal_points": points}
+                "encode_ms": retrieval.encode_ms, "fine_ms": retrieval.fine_ms,
+                "planner_ms": (time.perf_counter() - started) * 1e3, "goal_points": points}
 
     async def __call__(self, http_request: Any) -> Any:
         from starlette.responses import JSONResponse

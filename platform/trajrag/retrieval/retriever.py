@@ -469,13 +469,12 @@ class Retriever:
     def _node_embeddings(self, sectors: Sequence[np.ndarray], names: dict[int, str]) -> list[np.ndarray]:
         """h_k (K_i, dim) of each sequence, by sector row: a label id always names the same
         category here (the store's, or a query-local one that is never reassigned)."""
-        found = {row.tobytes(): None for seq in sectors for row in seq}
-        for key in found:
-            found[key] = self._node_rows.get_recent(key)
+        rows = {row.tobytes(): row for seq in sectors for row in seq}
+        found = {key: self._node_rows.get_recent(key) for key in rows}
         missing = [key for key, h in found.items() if h is None]
         if missing:
-            rows = np.stack([np.frombuffer(key, dtype=np.int16) for key in missing])
-            for key, h in zip(missing, self.encoder.node_encoder.encode_nodes(rows, names)):
+            embedded = self.encoder.node_encoder.encode_nodes(np.stack([rows[key] for key in missing]), names)
+            for key, h in zip(missing, embedded):
                 found[key] = h
                 self._node_rows.put(key, h)
         return [np.stack([found[row.tobytes()] for row in seq]) for seq in sectors]
