@@ -254,3 +254,16 @@ def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_p
     assert f"{path}: cut a torn last line ({len(torn)} bytes" in capsys.readouterr().err
     assert path.read_bytes().startswith(whole)
     assert_each_once(read_records(path), {(e.scene_key, str(e.episode_id)) for e in episodes})
+
+
+@pytest.mark.slow  # three app deployments
+def test_the_serve_replay_splits_each_apps_latency_and_compares_it_with_the_uncached_retriever(job):
+    from trajrag.bench.pipeline import SERVE_VARIANTS, record_decisions, serve_comparison
+
+    overrides, scenes, episodes, _ = job
+    requests = record_decisions(scenes, episodes, overrides, at_least=4)
+    result = serve_comparison(requests[:3], requests[3:4], overrides)
+    assert result["serve_requests"] == 3 and result["serve_speedup_p50"] > 0
+    for prefix, _ in SERVE_VARIANTS:  # caches off, the app as one deployment, as configured
+        assert result[f"{prefix}_ms_p50"] > result[f"{prefix}_retrieval_ms_p50"] > 0
+        assert result[f"{prefix}_coarse_ms_p50"] > 0 and result[f"{prefix}_overhead_ms_p50"] > 0
