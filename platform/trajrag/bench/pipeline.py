@@ -17,7 +17,7 @@
   Planner deployment's ``DeploymentHandle`` (request encoding, Planner -> Retriever -> scoring,
   answer), one request at a time, replaying the decision requests recorded from real navigation
   (nearest-frontier walks of the benchmark episodes, up to ``serve_requests`` decisions), each
-  once and in order; split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
+  once and in order (``serve_comparison``); split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
   ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
   on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
   and ``serve_speedup_p50``; with the retriever inside the Planner replicas (the app as one
@@ -179,25 +179,11 @@ def record_decisions(scenes: list, episodes: list, overrides: list[str], at_leas
     return planner.requests
 
 
-def serve_latency(app: str, requests: list[dict], warmup: list[dict], prefix: str = "serve") -> dict:
-    """``<prefix>_ms_p50`` / ``_p99`` (and mean) of the decision ``requests`` through the app's
-    handle, one at a time, each once and in the recorded order (as an evaluator sends them: a
-    request seen before would find every candidate in the retriever's cache), after the
-    unmeasured ``warmup`` requests. With the retriever's split: ``<prefix>_coarse_ms_p50``,
-    ``_encode_ms_p50``, ``_search_ms_p50``, and ``<prefix>_overhead_ms_p50``, the round trip
-    minus the retriever's compute time (the Serve hops, the wire format and scoring)."""
-    from ray import serve
-
-    if not requests:
-        raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
-    handle = serve.get_app_handle(app)
-    for request in warmup:
-        handle.decide.remote(request).result()
-    times, answers = [], []
-    for request in requests:
-        started = time.perf_counter()
-        answers.append(handle.decide.remote(request).result())
-        times.append((time.perf_counter() - started) * 1e3)
+def latency_split(times: list[float], answers: list[dict], prefix: str = "serve") -> dict:
+    """``<prefix>_ms_p50`` / ``_p99`` (and mean) of request round trips ``times`` (ms) and the
+    retriever's split from their ``answers``: ``<prefix>_coarse_ms_p50``, ``_encode_ms_p50``,
+    ``_search_ms_p50``, and ``<prefix>_overhead_ms_p50``, the round trip minus the retriever's
+    compute time (the Serve hops, the wire format and scoring)."""
     retrieval = np.array([a["retrieval_ms"] for a in answers])
     coarse = np.array([a["coarse_ms"] for a in answers])
     encode = np.array([a["encode_ms"] for a in answers])
@@ -216,23 +202,47 @@ SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
 
 
 def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[str]) -> dict:
-    """The Serve latency of the planner app as configured (``serve_*``) and, in the same run, of
-    the same app with ``retrieval.query_cache=0`` (``serve_reference_*``: every decision computed
-    afresh, the path before the caches) and with the retriever inside the Planner replicas
-    (``serve_in_planner_*``); each deployed alone; plus what was replayed."""
+    """The Serve latency (``latency_split``) of the planner app as configured (``serve_*``) and,
+    in the same run, of the same app with ``retrieval.query_cache=0`` (``serve_reference_*``:
+    every decision computed afresh, the path before the caches) and with the retriever inside the
+    Planner replicas (``serve_in_planner_*``), plus what was replayed.
+
+    Every app runs at once and gets each request in turn (which goes first rotates), one request
+    at a time, so all see the same load; each request once and in the recorded order (as an
+    evaluator sends them: a request seen before would find every candidate in the retriever's
+    cache), after the unmeasured ``warmup`` requests."""
+    from ray import serve
+
     from trajrag.distributed.evaluate import load_job_config
     from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
 
+    if not requests:
+        raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
     sizes = [len(json.dumps(r)) for r in requests]
     result = {"serve_requests": len(requests), "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
               "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
-    for prefix, extra in SERVE_VARIANTS:
-        app, deployed = deploy_planner_app([*overrides, *extra], load_job_config([*overrides, *extra]).serve)
-        try:
-            result.update(serve_latency(app, requests, warmup, prefix))
-        finally:
-            if deployed:
-                delete_planner_app(app)
+    apps, ours = {}, []
+    try:
+        for prefix, extra in SERVE_VARIANTS:
+            app, deployed = deploy_planner_app([*overrides, *extra], load_job_config([*overrides, *extra]).serve)
+            apps[prefix] = serve.get_app_handle(app)
+            ours += [app] if deployed else []
+        for request in warmup:
+            for handle in apps.values():
+                handle.decide.remote(request).result()
+        times: dict[str, list[float]] = {prefix: [] for prefix in apps}
+        answers: dict[str, list[dict]] = {prefix: [] for prefix in apps}
+        order = list(apps)
+        for i, request in enumerate(requests):
+            for prefix in order[i % len(order):] + order[:i % len(order)]:
+                started = time.perf_counter()
+                answers[prefix].append(apps[prefix].decide.remote(request).result())
+                times[prefix].append((time.perf_counter() - started) * 1e3)
+    finally:
+        for app in ours:
+            delete_planner_app(app)
+    for prefix in apps:
+        result.update(latency_split(times[prefix], answers[prefix], prefix))
     result["serve_speedup_p50"] = result["serve_reference_ms_p50"] / result["serve_ms_p50"]
     return result
 
@@ -290,10 +300,12 @@ def run(args: argparse.Namespace) -> dict:
     else:
         scenes, per_scene, policy = cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy
         overrides = list(args.overrides)
-    # One Ray for all runs, with logical CPUs for the largest corpus run and the largest
-    # evaluation (its evaluators + the Serve replicas).
+    # One Ray for all runs, with logical CPUs for the largest corpus run, the largest evaluation
+    # (its evaluators + the Serve replicas) and the Serve replay's apps.
     job = load_job_config(args.overrides, max(cfg.eval_workers, default=1))
-    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(cpus_needed(job, True))))
+    served = cpus_needed(job, True)
+    replay = len(SERVE_VARIANTS) * (served - cpus_needed(job, False))  # the compared apps, all at once
+    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(max(served, replay))))
     try:
         result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), overrides,
                                    progress=not args.json)

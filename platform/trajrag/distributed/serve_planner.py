@@ -10,9 +10,10 @@ One Serve application per planner configuration:
   ``decide(request) -> {"choice", "scores", "retrieval_ms", ...}`` inside the cluster; the same
   over HTTP as ``POST <route_prefix>/<app>`` with a JSON body, on the Serve proxy bound to
   ``127.0.0.1`` by default (``configs/eval_job.yaml`` ``serve.host``).
-* With ``serve.retriever_in_planner`` the app is the ``Planner`` deployment alone, each replica
-  loading its own retriever (sized as the ``Retriever`` would be): one hop per decision instead
-  of two, and no experiences on the wire.
+* With ``serve.retriever_in_planner`` (the default) the app is the ``Planner`` deployment alone,
+  each replica loading its own retriever (sized by the ``retriever_*`` keys): one hop per
+  decision instead of two, and no experiences on the wire; without it, the two deployments
+  above, which scale apart.
 * ``RemotePlanner`` implements ``planners.base.Planner`` for the evaluator actors: each decision
   becomes one request to the Planner deployment through a handle.
 
