@@ -66,6 +66,36 @@ def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memor
     assert sims == sorted(sims, reverse=True)
 
 
+def _prefix(traj, nodes):
+    """The first ``nodes`` nodes of a trajectory (a walk as it was earlier)."""
+    return replace(traj, node_xy=traj.node_xy[:nodes], sectors=traj.sectors[:nodes],
+                   node_visit_steps=traj.node_visit_steps[:nodes], node_ids=traj.node_ids[:nodes])
+
+
+def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_report_the_split(nav_memory):
+    store, model_dir = nav_memory
+    reference = _retriever(store, model_dir, "retrieval.query_cache=0")
+    cached = _retriever(store, model_dir)
+    (_, walk), (_, other) = _stored(store, 0), _stored(store, 1)
+    # A walk growing by a node per decision: each decision repeats most of the previous one's
+    # candidates, as a navigator's re-decisions do, and the walks share their first nodes.
+    decisions = [[_prefix(walk, n), _prefix(walk, n + 1), _prefix(other, min(n, len(other)))]
+                 for n in range(3, min(len(walk), 8))]
+    for candidates in decisions:
+        want = reference.retrieve(candidates, walk.goal)
+        got = cached.retrieve(candidates, walk.goal)
+        for wanted, found in zip(want.experiences, got.experiences, strict=True):
+            assert [(e.trajectory_id, e.group_id, e.coarse_score) for e in found] == \
+                [(e.trajectory_id, e.group_id, e.coarse_score) for e in wanted]
+            # z of a cached candidate came from another batch: float32 rounding, nothing more.
+            assert [e.similarity for e in found] == pytest.approx([e.similarity for e in wanted], abs=1e-6)
+        assert 0 < got.encode_ms <= got.fine_ms and got.coarse_ms > 0
+    assert cached.cache_hits >= len(decisions) - 1 and reference.cache_hits == 0
+    # Repeated outright, a decision is answered from the cache alone and costs no encoding.
+    again = cached.retrieve(decisions[-1], walk.goal)
+    assert again.encode_ms < got.encode_ms
+
+
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
     from trajrag.bench.store import perturb
 
@@ -157,6 +187,32 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
     app.retriever = _Handle()
     asyncio.run(app.decide(request))
     assert asyncio.run(app.decide(request))["choice"] == 0  # nothing sent back: nothing kept
+
+
+def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_do(nav_memory):
+    import asyncio
+
+    from trajrag.distributed.serve_planner import PlannerDeployment, RetrieverDeployment, decision_request
+    from trajrag.planners.base import PlannerContext
+    from trajrag.topo.candidates import CandidatePath
+
+    store, model_dir = nav_memory
+    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"]
+    _, walk = _stored(store)
+    candidates = [CandidatePath(i, np.arange(2), 1.0, _prefix(walk, n)) for i, n in enumerate((3, len(walk)))]
+    ctx = PlannerContext(walk.goal, 9, None, None, walk, candidates,
+                         [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(2)],
+                         np.array([2.0, 2.0]))
+    request = json.loads(json.dumps(decision_request(ctx)))
+    retriever = RetrieverDeployment(overrides)
+
+    async def remote(payload):  # the Retriever deployment's handle, without Ray
+        return retriever.retrieve(payload)
+
+    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), overrides).decide(request))
+    alone = asyncio.run(PlannerDeployment(None, overrides).decide(request))  # serve.retriever_in_planner
+    assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
+    assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
 
 
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
@@ -388,6 +444,9 @@ def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path)
     # terms that varied across candidates (the small memory's context often does not)
     assert {"similarity", "nearness"} <= set(runs["trajrag"]["decision_term_rho"]) <= {"similarity", "context", "nearness"}
     assert runs["trajrag"]["retrieval_ms_p50"] > 0 and runs["frontier"]["retrieval_ms_p50"] is None
+    # where the retrieval time went: coarse stage, embedding the candidates, the search
+    assert runs["trajrag"]["coarse_ms_p50"] > 0 and runs["trajrag"]["encode_ms_p50"] >= 0
+    assert runs["trajrag"]["search_ms_p50"] > 0 and runs["frontier"]["coarse_ms_p50"] is None
     records = (out / "trajrag" / "episodes.jsonl").read_text().splitlines()
     assert len(records) == 2 and "retrieval_ms" in json.loads(records[0])["planner_stats"]
     table = (out / "results.md").read_text()

@@ -152,3 +152,6 @@ def test_bench_scale_cli_small_store():
     assert result["bytes_per_chunk"] > 4 * result["embedding_dim"]
     assert result["decision_ms_p50"] > 0 and result["retriever_decision_ms_p50"] > 0
     assert result["navigation_decisions"] > 0 and result["navigation_decision_ms_p50"] > 0
+    # the same decisions without the retriever's caches: the same chunks, and where time went
+    assert result["navigation_same_chunks"] and result["navigation_max_similarity_diff"] < 1e-5
+    assert result["navigation_reference_decision_ms_p50"] > 0 and result["navigation_encode_ms_p50"] >= 0

@@ -118,6 +118,9 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     assert summary["complete"] and summary["workers"] == 2
     assert [a["episodes"] for a in summary["actors"]["evaluators"]] == [2, 2]
     assert summary["planner_calls"] > 0 and summary["retrieval_ms_p50"] > 0 and summary["serve_ms_p50"] > 0
+    # the split: the retriever's stages, and what the round trip adds to them
+    assert summary["coarse_ms_p50"] > 0 and summary["search_ms_p50"] > 0
+    assert 0 < summary["serve_overhead_ms_p50"] < summary["serve_ms_p50"]
     records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
     assert_each_once(records, planned)
 
@@ -201,7 +204,9 @@ def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(jo
 
     summary = evaluate_ray("killed-replicas", "trajrag", scenes, episodes, tmp_path, overrides, workers=2,
                            progress=False, on_record=kill_replicas)
-    assert len(killed) == 2, f"expected one Retriever and one Planner replica, killed {killed}"
+    # the app as configured: one Planner replica retrieving itself, or a Planner and a Retriever
+    expected = 1 if load_job_config(overrides).serve.retriever_in_planner else 2
+    assert len(killed) == expected, f"expected {expected} replica(s), killed {killed}"
     assert summary["evaluated"] == 4 and summary["failed"] == 0
     records = read_records(tmp_path / "killed-replicas" / "episodes.jsonl")
     assert_each_once(records, planned)
@@ -251,3 +256,16 @@ def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_p
     assert f"{path}: cut a torn last line ({len(torn)} bytes" in capsys.readouterr().err
     assert path.read_bytes().startswith(whole)
     assert_each_once(read_records(path), {(e.scene_key, str(e.episode_id)) for e in episodes})
+
+
+@pytest.mark.slow  # three app deployments
+def test_the_serve_replay_splits_each_apps_latency_and_compares_it_with_the_uncached_retriever(job):
+    from trajrag.bench.pipeline import SERVE_VARIANTS, record_decisions, serve_comparison
+
+    overrides, scenes, episodes, _ = job
+    requests = record_decisions(scenes, episodes, overrides, at_least=4)
+    result = serve_comparison(requests[:3], requests[3:4], overrides)
+    assert result["serve_requests"] == 3 and result["serve_speedup_p50"] > 0
+    for prefix, _ in SERVE_VARIANTS:  # caches off, the app as one deployment, as configured
+        assert result[f"{prefix}_ms_p50"] > result[f"{prefix}_retrieval_ms_p50"] > 0
+        assert result[f"{prefix}_coarse_ms_p50"] > 0 and result[f"{prefix}_overhead_ms_p50"] > 0

@@ -28,6 +28,7 @@ from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
 from trajrag.file_locks import holder, lock_file, sign
+from trajrag.planners.base import TIMING_LISTS
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import EpisodeMetrics, summarize
@@ -511,15 +512,20 @@ def perception_counters(records: Sequence[dict]) -> dict:
 
 def planner_counters(records: Sequence[dict]) -> dict:
     """``planner_calls`` and ``fallbacks`` (sums over episodes), ``parse_failures`` (LLM answers
-    that were no usable choice, summed; None for planners that ask no LLM) and
-    ``retrieval_ms_p50`` (median over every decision; None for planners that do not retrieve)."""
+    that were no usable choice, summed; None for planners that ask no LLM),
+    ``retrieval_ms_p50`` (median over every decision; None for planners that do not retrieve)
+    and its split, ``coarse_ms_p50`` / ``encode_ms_p50`` / ``search_ms_p50`` (None where the
+    records carry no split: other planners, older records)."""
     calls = sum(int(r.get("agent_stats", {}).get("planner_calls", 0)) for r in records)
     fallbacks = sum(int(r.get("planner_stats", {}).get("fallbacks", 0)) for r in records)
     failures = [int(r["planner_stats"]["parse_failures"]) for r in records
                 if "parse_failures" in r.get("planner_stats", {})]
-    timings = [t for r in records for t in r.get("planner_stats", {}).get("retrieval_ms", [])]
-    return {"planner_calls": calls, "fallbacks": fallbacks, "parse_failures": sum(failures) if failures else None,
-            "retrieval_ms_p50": float(np.median(timings)) if timings else None}
+    counters = {"planner_calls": calls, "fallbacks": fallbacks,
+                "parse_failures": sum(failures) if failures else None}
+    for name in TIMING_LISTS:
+        timings = [t for r in records for t in r.get("planner_stats", {}).get(name, [])]
+        counters[f"{name}_p50"] = float(np.median(timings)) if timings else None
+    return counters
 
 
 def _metrics(stored: dict) -> EpisodeMetrics:

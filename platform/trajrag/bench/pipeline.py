@@ -15,8 +15,16 @@
   ``eval_store`` / ``eval_model`` name one.
 * ``serve_ms_p50`` and ``serve_ms_p99``: end-to-end latency of one decision request through the
   Planner deployment's ``DeploymentHandle`` (request encoding, Planner -> Retriever -> scoring,
-  answer), one request at a time, replaying the decision requests recorded from a real
-  navigation run (nearest-frontier walk of the first benchmark episode) in a loop.
+  answer), one request at a time, replaying the decision requests recorded from real navigation
+  (nearest-frontier walks of the benchmark episodes, up to ``serve_requests`` decisions), each
+  once and in order (``serve_comparison``); split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
+  ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
+  on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
+  and ``serve_speedup_p50``; with the retriever inside the Planner replicas (the app as one
+  deployment), ``serve_in_planner_*`` (``SERVE_VARIANTS``).
+
+Empty ``corpus_workers`` / ``eval_workers`` skip those runs (``--set
+pipeline_bench.corpus_workers=[] --set pipeline_bench.eval_workers=[]``: the Serve replay alone).
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
         # Per-core costs (CPU seconds of the actor processes): the basis of a capacity plan.
         result[f"corpus_collect_cpu_s_per_traj_{n}"] = cpu["collect_and_convert"] / collected
         result[f"corpus_insert_cpu_s_per_traj_{n}"] = cpu["insert"] / collected
-    result["corpus_trajectories"] = summary["collected"]
+        result["corpus_trajectories"] = summary["collected"]
     return result
 
 
@@ -171,34 +179,78 @@ def record_decisions(scenes: list, episodes: list, overrides: list[str], at_leas
     return planner.requests
 
 
-def serve_latency(app: str, requests: list[dict], n: int, warmup: int) -> dict:
-    """``serve_ms_p50`` / ``serve_ms_p99`` (and mean) of ``n`` decision requests through the app's
-    handle, one at a time, cycling through ``requests`` after ``warmup`` unmeasured ones."""
+def latency_split(times: list[float], answers: list[dict], prefix: str = "serve") -> dict:
+    """``<prefix>_ms_p50`` / ``_p99`` (and mean) of request round trips ``times`` (ms) and the
+    retriever's split from their ``answers``: ``<prefix>_coarse_ms_p50``, ``_encode_ms_p50``,
+    ``_search_ms_p50``, and ``<prefix>_overhead_ms_p50``, the round trip minus the retriever's
+    compute time (the Serve hops, the wire format and scoring)."""
+    retrieval = np.array([a["retrieval_ms"] for a in answers])
+    coarse = np.array([a["coarse_ms"] for a in answers])
+    encode = np.array([a["encode_ms"] for a in answers])
+    return {f"{prefix}_ms_p50": float(np.percentile(times, 50)), f"{prefix}_ms_p99": float(np.percentile(times, 99)),
+            f"{prefix}_ms_mean": float(np.mean(times)), f"{prefix}_retrieval_ms_p50": float(np.median(retrieval)),
+            f"{prefix}_coarse_ms_p50": float(np.median(coarse)), f"{prefix}_encode_ms_p50": float(np.median(encode)),
+            f"{prefix}_search_ms_p50": float(np.median(retrieval - coarse - encode)),
+            f"{prefix}_overhead_ms_p50": float(np.median(np.array(times) - retrieval))}
+
+
+# The apps the replay compares (result key prefix, overrides after the bench's own): the
+# retriever without its caches, the app as one deployment, and the app as configured.
+SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
+                  ("serve_in_planner", ["eval_job.serve.retriever_in_planner=true"]),
+                  ("serve", []))
+
+
+def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[str]) -> dict:
+    """The Serve latency (``latency_split``) of the planner app as configured (``serve_*``) and,
+    in the same run, of the same app with ``retrieval.query_cache=0`` (``serve_reference_*``:
+    every decision computed afresh, the path before the caches) and with the retriever inside the
+    Planner replicas (``serve_in_planner_*``), plus what was replayed.
+
+    Every app runs at once and gets each request in turn (which goes first rotates), one request
+    at a time, so all see the same load; each request once and in the recorded order (as an
+    evaluator sends them: a request seen before would find every candidate in the retriever's
+    cache), after the unmeasured ``warmup`` requests."""
     from ray import serve
+
+    from trajrag.distributed.evaluate import load_job_config
+    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
 
     if not requests:
         raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
-    handle = serve.get_app_handle(app)
-    for i in range(warmup):
-        handle.decide.remote(requests[i % len(requests)]).result()
-    times, retrieval = [], []
-    for i in range(n):
-        started = time.perf_counter()
-        answer = handle.decide.remote(requests[i % len(requests)]).result()
-        times.append((time.perf_counter() - started) * 1e3)
-        retrieval.append(answer["retrieval_ms"])
     sizes = [len(json.dumps(r)) for r in requests]
-    return {"serve_ms_p50": float(np.percentile(times, 50)), "serve_ms_p99": float(np.percentile(times, 99)),
-            "serve_ms_mean": float(np.mean(times)), "serve_retrieval_ms_p50": float(np.median(retrieval)),
-            "serve_requests": n, "serve_recorded_decisions": len(requests),
-            "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
-            "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
+    result = {"serve_requests": len(requests), "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
+              "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
+    apps, ours = {}, []
+    try:
+        for prefix, extra in SERVE_VARIANTS:
+            app, deployed = deploy_planner_app([*overrides, *extra], load_job_config([*overrides, *extra]).serve)
+            apps[prefix] = serve.get_app_handle(app)
+            ours += [app] if deployed else []
+        for request in warmup:
+            for handle in apps.values():
+                handle.decide.remote(request).result()
+        times: dict[str, list[float]] = {prefix: [] for prefix in apps}
+        answers: dict[str, list[dict]] = {prefix: [] for prefix in apps}
+        order = list(apps)
+        for i, request in enumerate(requests):
+            for prefix in order[i % len(order):] + order[:i % len(order)]:
+                started = time.perf_counter()
+                answers[prefix].append(apps[prefix].decide.remote(request).result())
+                times[prefix].append((time.perf_counter() - started) * 1e3)
+    finally:
+        for app in ours:
+            delete_planner_app(app)
+    for prefix in apps:
+        result.update(latency_split(times[prefix], answers[prefix], prefix))
+    result["serve_speedup_p50"] = result["serve_reference_ms_p50"] / result["serve_ms_p50"]
+    return result
 
 
 def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[str], progress: bool) -> dict:
     """The evaluation throughput and the Serve latency on one memory (given or built small)."""
     from trajrag.distributed.evaluate import load_job_config
-    from trajrag.distributed.serve_planner import deploy_planner_app
+    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
     from trajrag.world.datasets import load_episodes, load_scenes
 
     memory_scenes = cfg.quick_eval_memory_scenes if quick else cfg.eval_memory_scenes
@@ -219,13 +271,18 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[s
         overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *overrides]
         scenes = load_scenes(scene_spec, overrides)
         episodes = load_episodes(episode_spec, scenes, overrides)
-        started = time.perf_counter()
-        app, _ = deploy_planner_app(overrides, load_job_config(overrides).serve)
-        result["serve_deploy_s"] = time.perf_counter() - started
-        result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
-        requests = record_decisions(scenes, episodes, overrides)
+        if cfg.eval_workers:
+            started = time.perf_counter()
+            app, deployed = deploy_planner_app(overrides, load_job_config(overrides).serve)
+            result["serve_deploy_s"] = time.perf_counter() - started
+            result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
+            if deployed:  # the replay deploys its own, one app at a time
+                delete_planner_app(app)
         n = cfg.quick_serve_requests if quick else cfg.serve_requests
-        result.update(serve_latency(app, requests, n, cfg.serve_warmup))
+        # Warm-up requests recorded after the measured ones (the last ones again if too few).
+        requests = record_decisions(scenes, episodes, overrides, at_least=n + cfg.serve_warmup)
+        warmup = requests[n:] or requests[-cfg.serve_warmup:]
+        result.update(serve_comparison(requests[:n], warmup[:cfg.serve_warmup], overrides))
     result.update(eval_scenes=scene_spec, eval_episodes_spec=episode_spec, eval_planner=cfg.eval_planner)
     return result
 
@@ -243,10 +300,12 @@ def run(args: argparse.Namespace) -> dict:
     else:
         scenes, per_scene, policy = cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy
         overrides = list(args.overrides)
-    # One Ray for all runs, with logical CPUs for the largest corpus run and the largest
-    # evaluation (its evaluators + the Serve replicas).
-    job = load_job_config(args.overrides, max(cfg.eval_workers))
-    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(cpus_needed(job, True))))
+    # One Ray for all runs, with logical CPUs for the largest corpus run, the largest evaluation
+    # (its evaluators + the Serve replicas) and the Serve replay's apps.
+    job = load_job_config(args.overrides, max(cfg.eval_workers, default=1))
+    served = cpus_needed(job, True)
+    replay = len(SERVE_VARIANTS) * (served - cpus_needed(job, False))  # the compared apps, all at once
+    own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(max(served, replay))))
     try:
         result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), overrides,
                                    progress=not args.json)

@@ -25,6 +25,9 @@
 5. **Retriever** (when ``trajrag.retrieval.retriever.Retriever`` is there): whole decisions,
    coarse stage (node prefilter + RANSAC against the group summaries) and fine stage on
    ``LanceChunkSearch``, for candidate trajectories that are perturbed copies of group summaries.
+   Steps 3-5 need ``scale_bench.lancedb`` (the IVF_PQ build takes minutes at 100k chunks).
+6. **Navigation** (``measure_navigation``): the decisions of real navigation episodes through
+   the retriever in memory (its default), with its caches and without (the reference path).
 
 Store bytes are the store folder's files on disk (every table, indexes included) after a
 compaction that keeps one version; ``bytes_per_chunk`` = store_bytes / chunks.
@@ -81,6 +84,7 @@ class ScaleBenchConfig:
     warmup: int
     retriever: bool
     retriever_decisions: int
+    lancedb: bool
     navigation_scenes: str
     navigation_episodes: str
     navigation_overrides: list[str]
@@ -538,8 +542,6 @@ def _read_embeddings(store: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
 def run(args: argparse.Namespace) -> dict:
     """Build the store, index it, measure; returns the JSON-able results."""
     from trajrag.memory.store import CHUNKS, MemoryStore
-    from trajrag.retrieval.ann import LanceChunkSearch, build_indexes
-    from trajrag.retrieval.retriever import ExactChunkSearch
 
     overrides = list(getattr(args, "overrides", []) or [])
     cfg: ScaleBenchConfig = config.load("scale_bench", overrides)
@@ -567,50 +569,68 @@ def run(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         store.compact(keep_versions=1)
         out["compact_s"] = round(time.perf_counter() - start, 2)
-        if progress:
-            print(f"[bench scale] {n_chunks} chunks written; building the IVF_PQ index", file=sys.stderr)
-        built = build_indexes(store.table(CHUNKS), cfg.ann)
-        store.compact(keep_versions=1)  # drops the pre-index versions' files
-        out.update(index_build_s=round(built["ivf_pq_s"], 2), btree_build_s=round(built["btree_s"], 3),
-                   num_partitions=built["num_partitions"], num_sub_vectors=built["num_sub_vectors"],
-                   nprobes=cfg.ann.nprobes, refine_factor=cfg.ann.refine_factor,
-                   flat_max_rows=cfg.ann.flat_max_rows)
-        out["chunks"] = store.count(CHUNKS)
-        out["groups"] = store.count_groups()
-        out["store_bytes"] = _folder_bytes(store_uri)
-        out["chunks_table_bytes"] = store.table_bytes()[CHUNKS]
-        out["bytes_per_chunk"] = round(out["store_bytes"] / max(out["chunks"], 1), 1)
-
-        ids, embeddings, stored_group = _read_embeddings(store)
-        order = np.argsort(stored_group, kind="stable")
-        bounds = np.searchsorted(stored_group[order], np.arange(len(groups.source) + 1))
-        rows_of_group = [order[bounds[g]:bounds[g + 1]] for g in range(len(groups.source))]
-        exact = ExactChunkSearch(embeddings)
-        ann = LanceChunkSearch(store, ids, cfg.ann)
-        index_only = LanceChunkSearch(store, ids, replace(cfg.ann, flat_max_rows=0))
-        decisions = measure_decisions({"ann": ann, "index": index_only}, exact, embeddings,
-                                      rows_of_group, cfg, rng)
-        k = TOP_K
-        out.update(candidates=cfg.candidates, groups_per_decision=cfg.groups_per_decision,
-                   decisions=cfg.decisions, allowed_rows_mean=decisions["allowed_rows_mean"],
-                   decision_ms_p50=decisions["ann_decision_ms_p50"],
-                   decision_ms_p99=decisions["ann_decision_ms_p99"],
-                   exact_decision_ms_p50=decisions["exact_decision_ms_p50"],
-                   exact_decision_ms_p99=decisions["exact_decision_ms_p99"],
-                   recall_at_10=decisions[f"ann_recall_at_{k}"],
-                   index_decision_ms_p50=decisions["index_decision_ms_p50"],
-                   index_decision_ms_p99=decisions["index_decision_ms_p99"],
-                   index_recall_at_10=decisions[f"index_recall_at_{k}"])
-        unfiltered = measure_unfiltered(ann, exact, embeddings, cfg, rng)
-        out.update(unfiltered_recall_at_10=unfiltered[f"unfiltered_recall_at_{k}"],
-                   unfiltered_ms_p50=unfiltered["unfiltered_ms_p50"],
-                   unfiltered_ms_p99=unfiltered["unfiltered_ms_p99"],
-                   unfiltered_exact_ms_p50=unfiltered["unfiltered_exact_ms_p50"])
-        del exact, embeddings
-        if cfg.retriever:
-            out.update(_retriever_or_reason(store, src, groups, cfg, overrides, rng))
+        if cfg.lancedb:
+            out.update(measure_lancedb(store, store_uri, src, groups, cfg, overrides, rng, progress))
+        else:
+            out.update(chunks=store.count(CHUNKS), groups=store.count_groups())
+        if cfg.retriever and src.encoder is not None and cfg.navigation_episodes:
+            out.update(measure_navigation(store, src, cfg, overrides))
     finally:
         shutil.rmtree(work, ignore_errors=True)  # a store_dir outside it stays
+    return out
+
+
+def measure_lancedb(store: Any, store_uri: str, src: Source, groups: Groups, cfg: ScaleBenchConfig,
+                    overrides: list[str], rng: np.random.Generator, progress: bool) -> dict:
+    """Steps 3-5 of the module docstring: the indexes, the fine stage's searches and whole
+    decisions through the retriever on LanceDB."""
+    from trajrag.memory.store import CHUNKS
+    from trajrag.retrieval.ann import LanceChunkSearch, build_indexes
+    from trajrag.retrieval.retriever import ExactChunkSearch
+
+    out: dict = {}
+    if progress:
+        print(f"[bench scale] {store.count(CHUNKS)} chunks written; building the IVF_PQ index", file=sys.stderr)
+    built = build_indexes(store.table(CHUNKS), cfg.ann)
+    store.compact(keep_versions=1)  # drops the pre-index versions' files
+    out.update(index_build_s=round(built["ivf_pq_s"], 2), btree_build_s=round(built["btree_s"], 3),
+               num_partitions=built["num_partitions"], num_sub_vectors=built["num_sub_vectors"],
+               nprobes=cfg.ann.nprobes, refine_factor=cfg.ann.refine_factor,
+               flat_max_rows=cfg.ann.flat_max_rows)
+    out["chunks"] = store.count(CHUNKS)
+    out["groups"] = store.count_groups()
+    out["store_bytes"] = _folder_bytes(store_uri)
+    out["chunks_table_bytes"] = store.table_bytes()[CHUNKS]
+    out["bytes_per_chunk"] = round(out["store_bytes"] / max(out["chunks"], 1), 1)
+
+    ids, embeddings, stored_group = _read_embeddings(store)
+    order = np.argsort(stored_group, kind="stable")
+    bounds = np.searchsorted(stored_group[order], np.arange(len(groups.source) + 1))
+    rows_of_group = [order[bounds[g]:bounds[g + 1]] for g in range(len(groups.source))]
+    exact = ExactChunkSearch(embeddings)
+    ann = LanceChunkSearch(store, ids, cfg.ann)
+    index_only = LanceChunkSearch(store, ids, replace(cfg.ann, flat_max_rows=0))
+    decisions = measure_decisions({"ann": ann, "index": index_only}, exact, embeddings,
+                                  rows_of_group, cfg, rng)
+    k = TOP_K
+    out.update(candidates=cfg.candidates, groups_per_decision=cfg.groups_per_decision,
+               decisions=cfg.decisions, allowed_rows_mean=decisions["allowed_rows_mean"],
+               decision_ms_p50=decisions["ann_decision_ms_p50"],
+               decision_ms_p99=decisions["ann_decision_ms_p99"],
+               exact_decision_ms_p50=decisions["exact_decision_ms_p50"],
+               exact_decision_ms_p99=decisions["exact_decision_ms_p99"],
+               recall_at_10=decisions[f"ann_recall_at_{k}"],
+               index_decision_ms_p50=decisions["index_decision_ms_p50"],
+               index_decision_ms_p99=decisions["index_decision_ms_p99"],
+               index_recall_at_10=decisions[f"index_recall_at_{k}"])
+    unfiltered = measure_unfiltered(ann, exact, embeddings, cfg, rng)
+    out.update(unfiltered_recall_at_10=unfiltered[f"unfiltered_recall_at_{k}"],
+               unfiltered_ms_p50=unfiltered["unfiltered_ms_p50"],
+               unfiltered_ms_p99=unfiltered["unfiltered_ms_p99"],
+               unfiltered_exact_ms_p50=unfiltered["unfiltered_exact_ms_p50"])
+    del exact, embeddings
+    if cfg.retriever:
+        out.update(_retriever_or_reason(store, src, groups, cfg, overrides, rng))
     return out
 
 
@@ -621,17 +641,22 @@ def _retriever_or_reason(store: Any, src: Source, groups: Groups, cfg: ScaleBenc
         from trajrag.retrieval.retriever import Retriever  # noqa: F401
     except ImportError as exc:
         return {"retriever_skipped": f"trajrag.retrieval.retriever.Retriever not importable: {exc}"}
-    out = measure_retriever(store, src, groups, cfg.ann, cfg, overrides, rng)
-    if src.encoder is not None and cfg.navigation_episodes:
-        out.update(measure_navigation(store, src, cfg, overrides))
-    return out
+    return measure_retriever(store, src, groups, cfg.ann, cfg, overrides, rng)
 
 
 def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides: list[str]) -> dict:
     """Every decision of real navigation episodes (procedural val homes, the TrajRAG planner)
     retrieving from the scaled store with the retriever's default backend (exact, in memory):
     candidates as a navigator makes them, whose walked part repeats from one decision to the
-    next (node votes and node embeddings cached), the issue's "per decision" figure."""
+    next, the issue's "per decision" figure.
+
+    The episodes are walked once, their decisions recorded; then replayed in order through the
+    retriever as configured (its caches emptied first) and, decision by decision in turn (which
+    goes first alternates), through one with ``retrieval.query_cache=0``
+    (``navigation_reference_*``: every decision computed afresh, the path before the caches), so
+    both see the same load. ``navigation_same_chunks``:
+    both retrieved the same chunks in the same order for every candidate;
+    ``navigation_max_similarity_diff``: the largest cosine difference (float32 rounding)."""
     from trajrag.agent.episode_runner import run_episode
     from trajrag.agent.navigator import make_navigator
     from trajrag.planners.scoring import ScoringPlanner
@@ -640,34 +665,56 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides
     from trajrag.world.sim import GridSimulator
 
     nav_overrides = [*cfg.navigation_overrides, *overrides]
-    retrieval_cfg = config.load("retrieval", nav_overrides)
+    retrieval_cfg = replace(config.load("retrieval", nav_overrides), store=store.uri)
+    memory_cfg = config.load("memory", nav_overrides)
     start = time.perf_counter()
-    retriever = Retriever(store, replace(retrieval_cfg, store=store.uri), config.load("memory", nav_overrides),
-                          encoder=src.encoder)
+    retriever = Retriever(store, retrieval_cfg, memory_cfg, encoder=src.encoder)
     load_s = time.perf_counter() - start
+    reference = Retriever(store, replace(retrieval_cfg, query_cache=0), memory_cfg, encoder=src.encoder)
     sim_cfg = config.load("sim", nav_overrides)
     sim = GridSimulator(sim_cfg)
     scenes = load_scenes(cfg.navigation_scenes, nav_overrides)
     episodes = load_episodes(cfg.navigation_episodes, scenes, nav_overrides)
     by_name = {scene.name: scene for scene in scenes}
-    timings, coarse, fine, candidates = [], [], [], []
+    recorded: list[tuple] = []
     planner = ScoringPlanner(retriever, config.load("scoring", nav_overrides))
     agent = make_navigator(planner, sim_cfg, nav_overrides)
     retrieve = retriever.retrieve
 
-    def timed(trajectories, goal, place=None):
-        result = retrieve(trajectories, goal, place)
-        timings.append(result.total_ms)
-        coarse.append(result.coarse_ms)
-        fine.append(result.fine_ms)
-        candidates.append(len(trajectories))
-        return result
+    def recording(trajectories, goal, place=None):
+        recorded.append((trajectories, goal, place))
+        return retrieve(trajectories, goal, place)
 
-    retriever.retrieve = timed
+    retriever.retrieve = recording
     for episode in episodes:
         run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=config.load("episodes", nav_overrides))
-    return {**_percentiles(timings, "navigation_decision_ms"), "navigation_decisions": len(timings),
-            "navigation_candidates_mean": round(float(np.mean(candidates)), 2) if candidates else 0.0,
-            "navigation_coarse_ms_p50": round(float(np.median(coarse)), 3) if coarse else None,
-            "navigation_fine_ms_p50": round(float(np.median(fine)), 3) if fine else None,
-            "navigation_retriever_load_s": round(load_s, 2)}
+    retriever.retrieve = retrieve
+    retriever.clear_caches()
+    times: dict[str, dict[str, list[float]]] = {"": {}, "reference_": {}}
+    same, max_diff = True, 0.0
+    for i, decision in enumerate(recorded):
+        results = {}
+        turns = (("reference_", reference), ("", retriever))
+        for prefix, which in turns[::1 if i % 2 else -1]:
+            result = results[prefix] = which.retrieve(*decision)
+            for part, ms in (("decision", result.total_ms), ("coarse", result.coarse_ms),
+                             ("encode", result.encode_ms), ("fine", result.fine_ms)):
+                times[prefix].setdefault(part, []).append(ms)
+        for want, got in zip(results["reference_"].experiences, results[""].experiences):
+            same &= [e.trajectory_id for e in want] == [e.trajectory_id for e in got]
+            max_diff = max([max_diff, *(abs(a.similarity - b.similarity) for a, b in zip(want, got))])
+    out = {"navigation_decisions": len(recorded),
+           "navigation_candidates_mean": round(float(np.mean([len(d[0]) for d in recorded])), 2) if recorded else 0.0,
+           "navigation_retriever_load_s": round(load_s, 2), "navigation_same_chunks": bool(same),
+           "navigation_max_similarity_diff": float(max_diff),
+           "navigation_cache_hit_rate": round(retriever.cache_hits / max(retriever.cache_hits + retriever.cache_misses, 1), 3)}
+    for prefix, parts in times.items():
+        if not parts:
+            continue
+        out.update(_percentiles(parts["decision"], f"navigation_{prefix}decision_ms"))
+        for part in ("coarse", "encode", "fine"):
+            out[f"navigation_{prefix}{part}_ms_p50"] = round(float(np.median(parts[part])), 3)
+    if recorded:
+        out["navigation_speedup_p50"] = round(out["navigation_reference_decision_ms_p50"]
+                                              / max(out["navigation_decision_ms_p50"], 1e-9), 2)
+    return out

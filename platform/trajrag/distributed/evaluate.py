@@ -418,8 +418,9 @@ def load_job_config(overrides: Sequence[str] = (), workers: int | None = None) -
 def cpus_needed(cfg: EvalJobConfig, served: bool) -> float:
     """Logical CPUs the job reserves: evaluators, plus the Serve replicas when it serves."""
     serve = cfg.serve
+    planners = serve.retriever_replicas if serve.retriever_in_planner else serve.planner_replicas
     replicas = (serve.retriever_replicas * serve.retriever_num_cpus +
-                serve.planner_replicas * serve.planner_num_cpus) if served else 0.0
+                planners * serve.planner_num_cpus) if served else 0.0
     return cfg.evaluators * cfg.evaluator_num_cpus + replicas
 
 
@@ -557,8 +558,11 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
     summary = records_summary([done[keys[i]] for i in wanted if keys[i] in done])
     counts = pipe.counts if pipe else Counter()
     pipeline_s = pipe.seconds if pipe else 0.0
-    serve_ms = [t for i in todo if keys[i] in done
-                for t in done[keys[i]].get("planner_stats", {}).get("serve_ms", [])]
+
+    def decisions(name: str) -> list[float]:  # per decision, over the episodes this job ran
+        return [t for i in todo if keys[i] in done for t in done[keys[i]].get("planner_stats", {}).get(name, [])]
+
+    serve_ms, overhead_ms = decisions("serve_ms"), decisions("serve_overhead_ms")
     summary.update({
         "planner": planner,
         "workers": cfg.evaluators,
@@ -573,6 +577,7 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
         "serve_app": app,
         "serve_ms_p50": float(np.percentile(serve_ms, 50)) if serve_ms else None,
         "serve_ms_p99": float(np.percentile(serve_ms, 99)) if serve_ms else None,
+        "serve_overhead_ms_p50": float(np.percentile(overhead_ms, 50)) if overhead_ms else None,
         "seconds": {"serve_deploy": deploy_s, "pipeline": pipeline_s, "total": total_s},
         "cpu_seconds": {"evaluate": sum(s.cpu_s for s in pipe.slots) if pipe else 0.0},
         "actors": {"evaluators": [{"episodes": s.episodes, "busy_s": s.busy_s, "cpu_s": s.cpu_s,

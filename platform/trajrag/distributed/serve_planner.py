@@ -10,6 +10,10 @@ One Serve application per planner configuration:
   ``decide(request) -> {"choice", "scores", "retrieval_ms", ...}`` inside the cluster; the same
   over HTTP as ``POST <route_prefix>/<app>`` with a JSON body, on the Serve proxy bound to
   ``127.0.0.1`` by default (``configs/eval_job.yaml`` ``serve.host``).
+* With ``serve.retriever_in_planner`` (the default) the app is the ``Planner`` deployment alone,
+  each replica loading its own retriever (sized by the ``retriever_*`` keys): one hop per
+  decision instead of two, and no experiences on the wire; without it, the two deployments
+  above, which scale apart.
 * ``RemotePlanner`` implements ``planners.base.Planner`` for the evaluator actors: each decision
   becomes one request to the Planner deployment through a handle.
 
@@ -38,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from trajrag.planners.base import PlannerContext
+from trajrag.planners.base import PlannerContext, RetrievalTimings
 from trajrag.planners.scoring import with_kept_points
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
@@ -59,6 +63,7 @@ class PlannerServeConfig:
     host: str
     port: int
     route_prefix: str
+    retriever_in_planner: bool
     retriever_replicas: int
     retriever_max_ongoing_requests: int
     retriever_num_cpus: float
@@ -195,6 +200,7 @@ def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
         "experiences": [[_experience_to_dict(e) for e in exps] for exps in retrieval.experiences],
         "names": {str(k): v for k, v in retrieval.names.items()},
         "coarse_ms": float(retrieval.coarse_ms), "fine_ms": float(retrieval.fine_ms),
+        "encode_ms": float(retrieval.encode_ms),
         "goal_points": None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist(),
     }
 
@@ -214,7 +220,8 @@ def retrieval_from_dict(data: Mapping[str, Any]) -> DecisionRetrieval:
     names = {int(k): v for k, v in data["names"].items()}
     points = data.get("goal_points")
     return DecisionRetrieval(experiences, names, float(data["coarse_ms"]), float(data["fine_ms"]),
-                             None if points is None else np.asarray(points, dtype=float).reshape(-1, 2))
+                             None if points is None else np.asarray(points, dtype=float).reshape(-1, 2),
+                             encode_ms=float(data.get("encode_ms", 0.0)))
 
 
 # -- the deployments ------------------------------------------------------------------------------
@@ -255,25 +262,34 @@ class PlannerDeployment:
 
     def __init__(self, retriever: Any, overrides: Sequence[str]) -> None:
         from trajrag import config
+        from trajrag.planners.frontier_value import load_value_model
         from trajrag.planners.scoring import ScoringPlanner
+        from trajrag.retrieval.retriever import load_retriever
 
         self.retriever = retriever  # DeploymentHandle of the Retriever deployment
-        from trajrag.planners.frontier_value import load_value_model
-
+        # None: this replica retrieves itself (``serve.retriever_in_planner``): no second hop.
+        self.local = load_retriever(list(overrides)) if retriever is None else None
+        self.lock = threading.Lock()
         cfg = config.load("scoring", list(overrides))
         self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, list(overrides)))
 
     async def decide(self, request: Mapping[str, Any]) -> dict:
-        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "fine_ms", "planner_ms",
-        "goal_points"}`` (milliseconds; ``retrieval_ms`` is the retriever's own compute time;
+        """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "encode_ms", "fine_ms",
+        "planner_ms", "goal_points"}`` (milliseconds; ``retrieval_ms`` is the retriever's own
+        compute time, ``coarse_ms`` + ``fine_ms`` of which ``encode_ms`` embedded the candidates;
+        ``planner_ms`` this replica's whole time, the hop to the retriever included;
         ``goal_points``: the projected goal points the choice used, joined with the request's
         own, which the client sends back with its next decision: the app keeps no episode state)."""
         started = time.perf_counter()
         ctx, trajectories = context_from_request(request)
-        answer = await self.retriever.retrieve.remote(
-            {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]],
-             "place": request.get("place")})
-        retrieval = retrieval_from_dict(answer)
+        if self.local is not None:
+            with self.lock:
+                retrieval = self.local.retrieve(trajectories, ctx.goal, ctx.place)
+        else:
+            answer = await self.retriever.retrieve.remote(
+                {"goal": ctx.goal, "candidates": [c["trajectory"] for c in request["candidates"]],
+                 "place": request.get("place")})
+            retrieval = retrieval_from_dict(answer)
         if len(retrieval.experiences) != len(trajectories):
             raise RuntimeError(f"the retriever answered {len(retrieval.experiences)} candidates "
                                f"for {len(trajectories)}")
@@ -283,8 +299,8 @@ class PlannerDeployment:
         points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
-                "fine_ms": retrieval.fine_ms, "planner_ms": (time.perf_counter() - started) * 1e3,
-                "goal_points": points}
+                "encode_ms": retrieval.encode_ms, "fine_ms": retrieval.fine_ms,
+                "planner_ms": (time.perf_counter() - started) * 1e3, "goal_points": points}
 
     async def __call__(self, http_request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -326,10 +342,18 @@ def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
 
 
 def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
-    """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle."""
+    """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle, or with
+    ``retriever_in_planner`` the ``Planner`` alone, sized as the retriever, retrieving itself."""
     from ray import serve
 
     own = app_overrides(overrides)
+    if cfg.retriever_in_planner:
+        alone = serve.deployment(
+            PlannerDeployment, name=PLANNER, num_replicas=cfg.retriever_replicas,
+            max_ongoing_requests=cfg.retriever_max_ongoing_requests,
+            health_check_period_s=cfg.health_check_period_s,
+            ray_actor_options={"num_cpus": cfg.retriever_num_cpus + cfg.planner_num_cpus})
+        return alone.bind(None, own)
     retriever = serve.deployment(
         RetrieverDeployment, name=RETRIEVER, num_replicas=cfg.retriever_replicas,
         max_ongoing_requests=cfg.retriever_max_ongoing_requests,
@@ -428,11 +452,13 @@ def replica_actor_names(name: str, deployment: str) -> list[str]:
 
 
 # -- the client -----------------------------------------------------------------------------------
-class RemotePlanner:
+class RemotePlanner(RetrievalTimings):
     """``planners.base.Planner`` that decides through the Planner deployment of app ``app``.
 
     Per episode it keeps ``retrieval_ms`` (the retriever's compute time per decision, as the
-    in-process planner reports it), ``serve_ms`` (request round trips) and ``serve_retries``.
+    in-process planner reports it, and its split: ``RetrievalTimings``), ``serve_ms`` (request
+    round trips), ``serve_overhead_ms`` (round trip minus retrieval: the Serve hops, the wire
+    format and scoring) and ``serve_retries``.
     Failed requests (a replica died, a timeout) are retried with exponential backoff for up to
     ``cfg.request_retry_s``; then ``ServeUnavailableError``. Malformed requests are not retried.
     """
@@ -446,21 +472,25 @@ class RemotePlanner:
         self.value = value  # the app's frontier value model: its features come from this side's map
         self.goal_points: list | None = None  # the episode's projected goal points, from the app
         self.goal = ""
-        self.retrieval_ms: list[float] = []
-        self.serve_ms: list[float] = []
-        self.retries = 0
+        self.reset_timings()
         self.last_answer: dict | None = None
 
     def reset(self, goal: str, seed: int) -> None:
         self.goal = goal
-        self.retrieval_ms, self.serve_ms, self.retries = [], [], 0
+        self.reset_timings()
         self.goal_points = None
+
+    def reset_timings(self) -> None:
+        super().reset_timings()
+        self.serve_ms: list[float] = []
+        self.serve_overhead_ms: list[float] = []  # round trip minus the retriever's compute time
+        self.retries = 0
 
     def episode_stats(self) -> dict:
         """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
-        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms],
-                "serve_ms": [round(t, 3) for t in self.serve_ms],
-                "serve_retries": self.retries, "fallbacks": 0}
+        return {**super().episode_stats(), "serve_ms": [round(t, 3) for t in self.serve_ms],
+                "serve_overhead_ms": [round(t, 3) for t in self.serve_overhead_ms],
+                "serve_retries": self.retries}
 
     def choose(self, ctx: PlannerContext) -> int:
         payload = {**decision_request(ctx, self.value), "goal_points": self.goal_points}
@@ -470,7 +500,9 @@ class RemotePlanner:
         if not 0 <= choice < len(ctx.candidates):
             raise RuntimeError(f"the planner app answered choice {choice} for {len(ctx.candidates)} candidates")
         self.last_answer = answer
-        self.retrieval_ms.append(float(answer["retrieval_ms"]))
+        self.add_timings(float(answer["retrieval_ms"]), float(answer.get("coarse_ms", 0.0)),
+                         float(answer.get("encode_ms", 0.0)))
+        self.serve_overhead_ms.append(self.serve_ms[-1] - self.retrieval_ms[-1])
         return choice
 
     def request(self, payload: dict) -> dict:

@@ -233,7 +233,8 @@ def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
     model = unwrap(model)
     device = next(model.parameters()).device
     was_training = model.training
-    model.eval()
+    if was_training:  # switching walks every module: ~1 ms a call, paid per retrieval otherwise
+        model.eval()
     out = np.zeros((len(seqs), model.z_dim), dtype=np.float32)
     with torch.inference_mode():
         for start in range(0, len(seqs), batch_size):
@@ -241,7 +242,8 @@ def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
             z = model(torch.from_numpy(nodes).to(device), torch.from_numpy(mask).to(device),
                       torch.from_numpy(np.asarray(goals[start:start + batch_size], np.float32)).to(device))
             out[start:start + len(z)] = z.float().cpu().numpy()
-    model.train(was_training)
+    if was_training:
+        model.train()
     return out
 
 
@@ -397,8 +399,11 @@ class TrajectoryEncoder:
     def encode_sectors(self, sequences: Sequence[np.ndarray], goals: Sequence[str],
                        names: Mapping[int, str]) -> np.ndarray:
         """z (N, dim) for sector arrays (K_i, 12) whose category ids index ``names``."""
-        seqs = [self.node_encoder.encode_nodes(s, names) for s in sequences]
-        return embed(self.model, seqs, self.node_encoder.encode_goals(goals), self.batch_size)
+        return self.encode_node_embeddings([self.node_encoder.encode_nodes(s, names) for s in sequences], goals)
+
+    def encode_node_embeddings(self, sequences: Sequence[np.ndarray], goals: Sequence[str]) -> np.ndarray:
+        """z (N, dim) for node-embedding sequences (K_i, node dim) of the node encoder and goal names."""
+        return embed(self.model, sequences, self.node_encoder.encode_goals(goals), self.batch_size)
 
     def encode_trajectories(self, trajs: Sequence[Any]) -> np.ndarray:
         """z (N, dim) of ``TopoPolarTrajectory``-like objects (sectors, categories, goal)."""

@@ -77,18 +77,39 @@ def hysteresis_bonus(ctx: PlannerContext, hysteresis_m: float, score_per_m: floa
 
 
 class RetrievalTimings:
-    """Per-episode retrieval timings for the evaluation records: a planner that retrieves appends
-    milliseconds to ``retrieval_ms`` and gets ``reset`` and ``episode_stats`` from here."""
+    """Per-episode retrieval timings for the evaluation records: a planner that retrieves calls
+    ``add_timings`` once per decision (or appends to ``retrieval_ms`` alone, when its retrieval
+    has no stages) and gets ``reset`` and ``episode_stats`` from here.
+
+    Per decision, milliseconds: ``retrieval_ms`` (the retriever's whole compute time) and its
+    split, ``coarse_ms`` + ``encode_ms`` (embedding the candidates) + ``search_ms``."""
 
     def __init__(self) -> None:
-        self.retrieval_ms: list[float] = []
+        self.reset_timings()
 
     def reset(self, goal: str, seed: int) -> None:
-        self.retrieval_ms = []
+        self.reset_timings()
+
+    def reset_timings(self) -> None:
+        self.retrieval_ms: list[float] = []
+        self.coarse_ms: list[float] = []
+        self.encode_ms: list[float] = []
+        self.search_ms: list[float] = []
+
+    def add_timings(self, total_ms: float, coarse_ms: float = 0.0, encode_ms: float = 0.0) -> None:
+        """One decision's retrieval time and its coarse and encoding parts (the rest: search)."""
+        self.retrieval_ms.append(total_ms)
+        self.coarse_ms.append(coarse_ms)
+        self.encode_ms.append(encode_ms)
+        self.search_ms.append(max(total_ms - coarse_ms - encode_ms, 0.0))
 
     def episode_stats(self) -> dict:
         """Per-episode counters for the evaluation records (``agent/evaluate.py``)."""
-        return {"retrieval_ms": [round(t, 3) for t in self.retrieval_ms], "fallbacks": 0}
+        return {**{name: [round(t, 3) for t in getattr(self, name)] for name in TIMING_LISTS}, "fallbacks": 0}
+
+
+# The per-decision timing lists of ``RetrievalTimings`` (records' ``planner_stats``).
+TIMING_LISTS = ("retrieval_ms", "coarse_ms", "encode_ms", "search_ms")
 
 
 class Planner(Protocol):

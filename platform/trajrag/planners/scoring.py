@@ -101,7 +101,7 @@ class ScoringPlanner(RetrievalTimings):
             if retrieval.goal_points is not None:
                 self.goal_points = retrieval.goal_points
         self.last_retrieval = retrieval
-        self.retrieval_ms.append(retrieval.total_ms)
+        self.add_timings(retrieval.total_ms, retrieval.coarse_ms, retrieval.encode_ms)
         scores = self.score(ctx, retrieval)
         self.last_scores = scores
         return int(np.argmax(scores))

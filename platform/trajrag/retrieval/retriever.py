@@ -25,6 +25,16 @@ candidate holds too few nodes to be recognised.
 The retriever holds the chunks it searches in memory (ids, groups, goals, sectors, embeddings):
 at 100k chunks that is ~350 MB with 768-wide float32 embeddings; ``bench scale`` measures an ANN
 backend for larger stores (any ``ChunkSearch``).
+
+**Caches** (``query_cache``; per retriever, emptied by ``refresh``). A navigator's candidates
+repeat: all of a decision's candidates share the walked part, and about half of a decision's
+candidates are candidates of an earlier one (the agent re-decides before reaching a frontier).
+Each candidate's coarse result (kept groups, accepted matches) is a pure function of its nodes in
+store labels and the goal, so it is kept by that content; so is its f_E embedding, and the node
+embeddings h_k by sector row (the node encoder's own cache is keyed by the row's words, which
+cost more to build than the embedding to look up). A cached embedding was computed in another
+batch than the reference path would compute it in, which moves cosines by float32 rounding
+(~1e-7) and nothing else: the same chunks come back in the same order (tested).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -69,6 +80,7 @@ class RetrievalConfig:
     seed: int
     project_goal: bool
     place_groups: int
+    query_cache: int
 
 
 class ExactChunkSearch:
@@ -104,6 +116,45 @@ class _Query:
     edges: np.ndarray
     reference_yaw: float
 
+    def key(self, goal: str, by_goal: bool) -> tuple:
+        """Everything the coarse stage and f_E read of this query, hashable."""
+        return (self.node_xy.tobytes(), self.sectors.tobytes(), self.edges.tobytes(),
+                self.reference_yaw, goal, by_goal)
+
+
+@dataclass
+class _Known:
+    """A candidate's cached retrieval inputs: coarse scores of the kept groups, accepted matches
+    (score, group, transform), the rows the fine stage may search, and z (None until encoded)."""
+
+    coarse: dict[int, float]
+    accepted: list[tuple[float, int, Any]]
+    allowed: np.ndarray | None
+    z: np.ndarray | None = None
+
+
+class LruCache(OrderedDict):
+    """A dict that keeps its ``size`` most recently used entries (``size`` 0: keeps nothing)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = int(size)
+
+    def get_recent(self, key: Any) -> Any:
+        """The entry (marked most recently used), or None."""
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        if self.size <= 0:
+            return
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
 
 class Retriever:
     """Coarse-to-fine retrieval over one memory store (read-only).
@@ -134,7 +185,7 @@ class Retriever:
         # The summaries and their node prefilter, exactly as the memory's writer sees them.
         self.memory = TrajectoryMemory(store, memory_cfg)
         self._apply_representation()
-        self._vote_cache: dict[bytes, dict[int, float]] = {}
+        self.clear_caches()
         self._load_chunks()
         self._search = search or ExactChunkSearch(self.embeddings)
 
@@ -143,12 +194,20 @@ class Retriever:
         self.store.checkout_latest()
         self.memory.reload()
         self._apply_representation()
-        self._vote_cache = {}
+        self.clear_caches()
         self._load_chunks()
         if isinstance(self._search, ExactChunkSearch):
             self._search = ExactChunkSearch(self.embeddings)
 
     # -- loading -------------------------------------------------------------------------------
+    def clear_caches(self) -> None:
+        """Forget the candidates, node embeddings (``query_cache``; see the module docstring) and
+        node votes seen, and zero the hit counters."""
+        self._vote_cache: dict[bytes, dict[int, float]] = {}
+        self._known = LruCache(self.cfg.query_cache)
+        self._node_rows = LruCache(self.cfg.query_cache * 16)  # a candidate has up to max_nodes rows
+        self.cache_hits = self.cache_misses = 0
+
     def _apply_representation(self) -> None:
         if self.representation != TPS_GS:  # match like with like (paper Tab. 1 variants)
             for gid, summary in self.memory.summaries.items():
@@ -244,7 +303,8 @@ class Retriever:
         """The top-K experiences of each candidate (hypothetical ``TopoPolarTrajectory``s).
 
         place: the current map (``topo.candidates.MapPlace``), matched against the summaries
-        as a whole for ``project_goal``; ignored otherwise."""
+        as a whole for ``project_goal``; ignored otherwise. The result's ``coarse_ms``,
+        ``encode_ms`` and ``fine_ms`` (encoding included) split the decision's time."""
         if not candidates:
             return DecisionRetrieval([], self.names)
         start = time.perf_counter()
@@ -252,15 +312,8 @@ class Retriever:
         names = {**self.names, **self._query_names}
         # Goal-conditioned: only chunks that walked towards this goal, when the store has any.
         by_goal = self.cfg.goal_filter and goal in self.rows_of_goal
-        allowed: list[np.ndarray | None] = [self.rows_of_goal[goal] if by_goal else None] * len(queries)
-        coarse: list[dict[int, float]] = [{} for _ in queries]
-        places: list[tuple[float, int, Any]] = []  # (score, group, query->group transform)
-        if self.cfg.coarse and self.rows_of_group:
-            for i, q in enumerate(queries):
-                coarse[i], accepted = self._coarse(q, goal if by_goal else None)
-                places.extend(accepted)
-                rows = [self._group_rows(g, goal if by_goal else None) for g in coarse[i]]
-                allowed[i] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        known = [self._coarse_stage(q, goal, by_goal) for q in queries]
+        places = [p for k in known for p in k.accepted]  # (score, group, query->group transform)
         if self.cfg.project_goal and place is not None and len(place) and self.rows_of_group:
             places.extend(self._recognise_goal_places(self._to_store_labels(place), goal))
         mid = time.perf_counter()
@@ -269,14 +322,44 @@ class Retriever:
 
             z = self._text_embeddings([describe(c) for c in candidates])
         else:
-            z = self._encode([q.sectors for q in queries], [goal] * len(queries), names)
-        found = self._search.search(z, allowed, self.cfg.top_k)
-        experiences = [[self._experience(row, sim, coarse[i].get(int(self.groups[row]), 0.0))
+            z = self._query_embeddings(queries, known, goal, names)
+        encoded = time.perf_counter()
+        found = self._search.search(z, [k.allowed for k in known], self.cfg.top_k)
+        experiences = [[self._experience(row, sim, known[i].coarse.get(int(self.groups[row]), 0.0))
                         for row, sim in hits] for i, hits in enumerate(found)]
         goal_points = self._goal_points(places, goal) if self.cfg.project_goal else None
         end = time.perf_counter()
         return DecisionRetrieval(experiences, self.names, (mid - start) * 1e3, (end - mid) * 1e3,
-                                 goal_points=goal_points)
+                                 goal_points=goal_points, encode_ms=(encoded - mid) * 1e3)
+
+    def _coarse_stage(self, q: _Query, goal: str, by_goal: bool) -> _Known:
+        """The candidate's kept groups, accepted matches and searchable rows (all rows: None),
+        from the cache when this query was seen with this goal before."""
+        key = q.key(goal, by_goal)
+        known = self._known.get_recent(key)
+        if known is not None:
+            self.cache_hits += 1
+            return known
+        self.cache_misses += 1
+        allowed = self.rows_of_goal[goal] if by_goal else None
+        if not (self.cfg.coarse and self.rows_of_group):
+            known = _Known({}, [], allowed)
+        else:
+            coarse, accepted = self._coarse(q, goal if by_goal else None)
+            rows = [self._group_rows(g, goal if by_goal else None) for g in coarse]
+            known = _Known(coarse, accepted, np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
+        self._known.put(key, known)
+        return known
+
+    def _query_embeddings(self, queries: Sequence[_Query], known: Sequence[_Known], goal: str,
+                          names: dict[int, str]) -> np.ndarray:
+        """z (Q, D) of the queries: cached ones as they were, the others encoded in one batch."""
+        todo = [i for i, k in enumerate(known) if k.z is None]
+        if todo:
+            fresh = self._encode([queries[i].sectors for i in todo], [goal] * len(todo), names)
+            for i, z in zip(todo, fresh):
+                known[i].z = z
+        return np.stack([k.z for k in known]).astype(np.float32, copy=False)
 
     def _goal_points(self, places: list[tuple[float, int, Any]], goal: str) -> np.ndarray:
         """float (P, 2) map-frame metres: where past successful walks of the best-matched place
@@ -378,7 +461,23 @@ class Retriever:
                       np.asarray(traj.edges, dtype=np.int64).reshape(-1, 2), float(traj.reference_yaw))
 
     def _encode(self, sectors: Sequence[np.ndarray], goals: Sequence[str], names: dict[int, str]) -> np.ndarray:
-        return self.encoder.encode_sectors(list(sectors), list(goals), names)
+        """z (N, D) of sector sequences in store labels (``names``: label id -> category)."""
+        if self._node_rows.size <= 0:
+            return self.encoder.encode_sectors(list(sectors), list(goals), names)
+        return self.encoder.encode_node_embeddings(self._node_embeddings(sectors, names), list(goals))
+
+    def _node_embeddings(self, sectors: Sequence[np.ndarray], names: dict[int, str]) -> list[np.ndarray]:
+        """h_k (K_i, dim) of each sequence, by sector row: a label id always names the same
+        category here (the store's, or a query-local one that is never reassigned)."""
+        rows = {row.tobytes(): row for seq in sectors for row in seq}
+        found = {key: self._node_rows.get_recent(key) for key in rows}
+        missing = [key for key, h in found.items() if h is None]
+        if missing:
+            embedded = self.encoder.node_encoder.encode_nodes(np.stack([rows[key] for key in missing]), names)
+            for key, h in zip(missing, embedded):
+                found[key] = h
+                self._node_rows.put(key, h)
+        return [np.stack([found[row.tobytes()] for row in seq]) for seq in sectors]
 
 
 def _index_rows(keys: list) -> dict[Any, np.ndarray]:

@@ -39,7 +39,8 @@ class DecisionRetrieval:
     """The retrieval of one decision: ``experiences[i]`` belongs to candidate ``i``, best first.
 
     names: store label id -> category name (for reading ``Experience.sectors``).
-    coarse_ms / fine_ms: wall time of each stage for the whole decision (all candidates).
+    coarse_ms / fine_ms: wall time of each stage for the whole decision (all candidates);
+    encode_ms: the part of ``fine_ms`` spent embedding the candidates (the rest is the search).
     goal_points: float (P, 2) map-frame metres where past walks through the matched place found
     the goal (``retrieval.project_goal``); None when not computed, empty when none.
     """
@@ -49,6 +50,7 @@ class DecisionRetrieval:
     coarse_ms: float = 0.0
     fine_ms: float = 0.0
     goal_points: np.ndarray | None = None
+    encode_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
