@@ -141,7 +141,7 @@ def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()
                                 batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
     records, names = read_records(store)
     written = embed_chunks(store, encoder, records, names, cfg)
-    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    encoder.node_encoder.save_cache(encoder.folder / "node_cache.safetensors")
     return written
 
 
@@ -168,7 +168,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     held = [r for r in records if r.scene not in trained_on]
     if not held:
         raise EncoderError(f"memory store {store.uri} has no chunks outside the scenes "
-                           f"{Path(model_dir)} was trained on")
+                           f"{model_dir} was trained on")
     data = encode_records(held, names, encoder.node_encoder)
     index = np.arange(len(data))
     seqs, goals = data.sequences(index), data.goal_vectors(index)
@@ -187,7 +187,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     if hits is not None:
         hits.update(per_query)
     written = embed_chunks(store, encoder, records, names, cfg) if write else 0
-    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    encoder.node_encoder.save_cache(encoder.folder / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
                           "queries": queries, "written": written,
                           "encoder_version": encoder.version}
