@@ -36,11 +36,9 @@ def join(location: str | Path, *parts: str) -> str:
     return "/".join([str(location).rstrip("/"), *parts])
 
 
-def sibling(location: str | Path, name: str) -> str:
-    """The location named ``name`` in the same folder / prefix as ``location``."""
-    if not is_uri(location):
-        return str(Path(location).with_name(name))
-    return str(location).rstrip("/").rsplit("/", 1)[0] + "/" + name
+def sibling(uri: str, name: str) -> str:
+    """The URI named ``name`` under the same prefix as ``uri``."""
+    return str(uri).rstrip("/").rsplit("/", 1)[0] + "/" + name
 
 
 def exists(location: str | Path) -> bool:

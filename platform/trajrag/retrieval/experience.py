@@ -40,10 +40,11 @@ class ExperienceError(ValueError):
     """The experience table is missing, damaged, or was written for another value model."""
 
 
-def experience_path(value_model: str | Path) -> str:
+def experience_path(value_model: str | Path) -> str | Path:
     """Where the experience of a value model file lives: ``VALUE.experience`` beside ``VALUE.json``
-    (a path, or a URI beside a URI)."""
-    return artefacts.sibling(value_model, PurePosixPath(str(value_model)).stem + ".experience")
+    (a path beside a path, a URI beside a URI)."""
+    name = PurePosixPath(str(value_model)).stem + ".experience"
+    return artefacts.sibling(value_model, name) if artefacts.is_uri(value_model) else Path(value_model).with_name(name)
 
 
 def write_experience(path: str | Path, goals: list[str], vectors: np.ndarray, advantage_m: np.ndarray) -> int:
