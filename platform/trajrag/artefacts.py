@@ -55,8 +55,8 @@ def local_copy(location: str | Path) -> Path:
     ``~/.cache/trajrag/artefacts``) named after the URI and its objects' sizes and times, so an
     unchanged artefact is fetched once per node and a rewritten one again.
 
-    Raises ``FileNotFoundError`` naming the location when nothing is there. Treat the copy as
-    read-only (it is shared by every process of the node).
+    Raises ``FileNotFoundError`` naming the location when nothing is there. The copy is shared by
+    every process of the node: add caches to it (an encoder's node-encoding cache), change nothing.
     """
     if not is_uri(location):
         return Path(location)
