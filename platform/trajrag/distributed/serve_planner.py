@@ -33,7 +33,6 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
