@@ -13,7 +13,6 @@ Loopback only; every Ray process is this test's own (its session folder) and is 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import shutil
@@ -265,21 +264,14 @@ def _keys(s3, prefix: str) -> set[str]:
 
 
 @pytest.fixture
-def moto_s3():
-    """moto's S3 server on loopback with the bucket; (endpoint URL, boto3 client)."""
+def moto_s3(s3_endpoint):
+    """The bucket on moto's S3 server (loopback, conftest); (endpoint URL, boto3 client)."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="testing", aws_secret_access_key="testing")
     s3.create_bucket(Bucket=BUCKET)
-    yield endpoint, s3
-    server.stop()
+    return s3_endpoint, s3
 
 
 @pytest.fixture
