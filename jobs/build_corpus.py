@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from trajrag import artefacts
 from trajrag.cli import UserError, add_override_arg, apply_presets, output_folder
 from trajrag.cli.episodes import SCENES_HELP
 from trajrag.config import ConfigError
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="collector actors (default: corpus_job.collectors)")
     parser.add_argument("--seed", type=int, default=None, help="episode seed (default: episodes.seed)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
-    parser.add_argument("--summary", type=Path, default=None, help="also write the summary JSON here")
+    parser.add_argument("--summary", default=None, help="also write the summary JSON here (a path or s3://... URI)")
     parser.add_argument("--json", action="store_true", help="no progress bar; print one JSON line")
     parser.add_argument("--mixed-settings", action="store_true",
                         help="add walks to a store collected with other world or sensor settings "
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(summary, indent=None if args.json else 2)
     if args.summary:
-        args.summary.parent.mkdir(parents=True, exist_ok=True)
-        args.summary.write_text(text + "\n")
+        with artefacts.output_file(args.summary) as path:
+            path.write_text(text + "\n")
     print(text)
     return 0
 

@@ -25,8 +25,8 @@ from trajrag.config import ConfigError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True, help="memory store URI (trajrag corpus build --store)")
-    parser.add_argument("--model", required=True, help="trained encoder folder (trajrag encoder train --out)")
-    parser.add_argument("--out", required=True, help="output folder (best_config.json, results.csv, tune/)")
+    parser.add_argument("--model", required=True, help="trained encoder folder or URI (trajrag encoder train --out)")
+    parser.add_argument("--out", required=True, help="output folder or URI (best_config.json, results.csv, tune/)")
     parser.add_argument("--samples", type=int, default=None, help="trials (default: sweep.num_samples)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
     parser.add_argument("--json", action="store_true", help="no progress output; print one JSON line")

@@ -1,6 +1,6 @@
 """Ray job: train the trajectory encoder on a memory store with Ray Train, then evaluate it.
 
-    python jobs/train_encoder.py --store s3://bucket/trajrag/memory --out /mnt/models/encoder \
+    python jobs/train_encoder.py --store s3://bucket/trajrag/memory --out s3://bucket/trajrag/model \
         --workers 8 --set encoder.train.use_gpu=true --eval
 
 On a cluster: ``ray job submit --working-dir . -- python jobs/train_encoder.py ...``. Same options
@@ -22,7 +22,7 @@ from trajrag.config import ConfigError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True, help="memory store URI (a folder or s3://...)")
-    parser.add_argument("--out", required=True, help="model folder to write")
+    parser.add_argument("--out", required=True, help="model folder or URI (s3://...) to write")
     parser.add_argument("--workers", type=int, default=None,
                         help="Ray Train workers (default: encoder.train.workers)")
     parser.add_argument("--ray-address", default=None,

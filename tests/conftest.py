@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -63,3 +64,40 @@ def nav_memory(tmp_path_factory) -> tuple[str, str]:
     from trajrag.bench.pipeline import small_memory
 
     return small_memory(tmp_path_factory.mktemp("nav-memory"), "procedural:train:3", 5, list(FAST_SIM))
+
+
+# -- a local S3 endpoint (moto's server, loopback only) for object-store URIs --------------------
+S3_BUCKET = "trajrag-test"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server on 127.0.0.1 (a free port); its URL."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint, monkeypatch):
+    """Endpoint and (fake) credentials in the environment, read alike by LanceDB (object_store)
+    and boto3, and pyarrow.fs; then the bucket (shared by the session's tests: each writes under a
+    prefix of its own). Returns a boto3 client on the endpoint."""
+    import boto3
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")  # object_store refuses http:// without it
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    s3 = boto3.client("s3")
+    if S3_BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=S3_BUCKET)
+    return s3

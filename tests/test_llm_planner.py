@@ -388,7 +388,10 @@ def test_gpu_serve_config_is_a_valid_serve_file_for_the_configured_model():
 
     raw = yaml.safe_load(open(config.config_dir() / "serve_llm_gpu.yaml"))
     schema = ServeDeploySchema.model_validate(raw)
-    assert schema.http_options.host == "127.0.0.1"
+    # One proxy on the head, which evaluators on every node reach (an EveryNode proxy runs only on
+    # nodes with a replica, never on the CPU collectors), on the port llm.chat.base_url names.
+    assert schema.proxy_location == "HeadOnly"
+    assert f":{schema.http_options.port}/" in config.load("llm").chat.base_url
     app = schema.applications[0]
     assert app.import_path == "ray.serve.llm:build_openai_app"
     llm = app.args["llm_configs"][0]

@@ -4,7 +4,6 @@ only, the way a cluster node gets its endpoint and credentials."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import numpy as np
@@ -15,38 +14,7 @@ from trajrag.config import load
 from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore
 
-BUCKET = "trajrag-test"
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """moto's S3 server on 127.0.0.1 (a free port); its URL."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3_env(s3_endpoint, monkeypatch):
-    """Endpoint and (fake) credentials in the environment, read alike by LanceDB (object_store)
-    and boto3; then an empty bucket. Returns a boto3 client on the endpoint."""
-    import boto3
-
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")  # object_store refuses http:// without it
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket=BUCKET)
-    return s3
+from conftest import S3_BUCKET as BUCKET
 
 
 def _chunks(store: MemoryStore) -> dict[str, int]:

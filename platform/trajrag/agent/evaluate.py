@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from trajrag import config
+from trajrag import artefacts, config
 from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
@@ -283,7 +283,7 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
             store.close()
     value_model = config.load("scoring", overrides).value_model if planner in VALUE_AGENTS else ""
     if value_model:
-        inputs["value_model_sha256"] = hashlib.sha256(Path(value_model).read_bytes()).hexdigest()[:16]
+        inputs["value_model_sha256"] = hashlib.sha256(artefacts.local_copy(value_model).read_bytes()).hexdigest()[:16]
     return inputs
 
 

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "To fine-tune a trained model instead of starting from random weights: "
         "--set encoder.train.init_model=MODEL_DIR.")
     train.add_argument("--store", required=True, help="memory store URI (a LanceDB folder or s3://...)")
-    train.add_argument("--out", required=True, help="model folder to write")
+    train.add_argument("--out", required=True, help="model folder or object-store URI (s3://...) to write")
     train.add_argument("--workers", type=int, default=None,
                        help="Ray Train workers (default: encoder.train.workers)")
     train.add_argument("--json", action="store_true", help="print one JSON object, no progress")
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "A store too small to measure recall on (no held-out chunk shares its group with another) "
         "is still embedded: the JSON says recall_measured false and why.")
     ev.add_argument("--store", required=True, help="memory store URI")
-    ev.add_argument("--model", required=True, help="model folder written by `encoder train`")
+    ev.add_argument("--model", required=True, help="model folder or URI written by `encoder train`")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.add_argument("--no-write", action="store_true", help="do not write embeddings into the store")
     add_override_arg(ev)

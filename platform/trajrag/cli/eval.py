@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajrag import artefacts
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.cli import UserError, add_override_arg, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
@@ -54,10 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
     parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
-    parser.add_argument("--model", default="", help="trained encoder folder (trajrag encoder train --out); the "
+    parser.add_argument("--model", default="", help="trained encoder folder or URI (trajrag encoder train --out); the "
                         "store's chunks must hold its embeddings (trajrag encoder eval writes them), or "
                         "--set retrieval.embed_missing=true embeds them in memory at start-up (slow on large stores)")
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--out", required=True, help="output folder or object-store URI (s3://...; records kept locally, uploaded at the end)")
     parser.add_argument("--label", default="", help="name of the run in the table (one planner and variant only); "
                         "a run resumes only with the settings in its run.json")
     parser.add_argument("--lifelong", action="store_true",
@@ -167,29 +168,30 @@ def _evaluate(args: argparse.Namespace) -> int:
     sim = GridSimulator(sim_cfg)
     audit = config.load("audit", args.overrides) if args.audit_decisions else None
     _check_value_models(runs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs}
-    # Held until every run is walked; lifelong runs write the store, as a corpus build does.
-    with (claim_runs(out, settings, _records_name(ray_job)),
-          claim_store(args.store, "lifelong evaluation") if args.lifelong and args.store else contextlib.nullcontext()):
-        print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {out}",
-              file=sys.stderr)
-        summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
-        for run in runs:
-            if run.label in summaries:  # done by the Ray job
-                continue
-            on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
-            summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim,
-                                     episodes, scenes, out, episode_cfg, progress=not args.json,
-                                     on_episode=on_episode, audit=audit)
-            summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
-    table = write_results_table(_all_runs(out), out)
+    # A URI --out (s3://...): the records are kept in a local copy of it (with the records already
+    # there, for resuming) and uploaded when the runs end, also when they fail.
+    with artefacts.output_folder(args.out) as out:
+        settings = {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs}
+        # Held until every run is walked; lifelong runs write the store, as a corpus build does.
+        with (claim_runs(out, settings, _records_name(ray_job)),
+              claim_store(args.store, "lifelong evaluation") if args.lifelong and args.store else contextlib.nullcontext()):
+            print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {args.out}",
+                  file=sys.stderr)
+            summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
+            for run in runs:
+                if run.label in summaries:  # done by the Ray job
+                    continue
+                on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
+                summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim,
+                                         episodes, scenes, out, episode_cfg, progress=not args.json,
+                                         on_episode=on_episode, audit=audit)
+                summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
+        table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
         (label,) = summaries
-        printed = {"label": label, "out": str(out), **summaries[label]}
+        printed = {"label": label, "out": str(args.out), **summaries[label]}
     else:
-        printed = {"out": str(out), "runs": summaries}
+        printed = {"out": str(args.out), "runs": summaries}
     print(json.dumps(json_safe(printed), default=str, allow_nan=False))
     if not args.json:
         print(table, file=sys.stderr)

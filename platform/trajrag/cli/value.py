@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from trajrag import artefacts
 from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--save-decisions", help="also write the walked decisions to this .npz file; each scene is "
                      "kept in FILE.parts/ as it is walked, so the same command after a crash or a failed scene "
                      "walks only the scenes not kept yet")
-    fit.add_argument("--out", required=True, help="model file to write (JSON)")
+    fit.add_argument("--out", required=True, help="model file to write (JSON; a path or s3://... URI, its .experience table beside it)")
     fit.add_argument("--workers", type=int, default=0,
                      help="walk the scenes as parallel Ray tasks on this many CPUs (0: one process, no Ray); "
                           "default: %(default)s")
@@ -269,8 +270,9 @@ def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out:
         model = fit_value_model(decisions, vocabulary, goals, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    model.report.update(report, **source, experience_rows=save_experience(model, decisions, out))
-    model.save(out)
+    with artefacts.output_file(out) as local:  # a URI: the file and its experience table uploaded
+        model.report.update(report, **source, experience_rows=save_experience(model, decisions, local))
+        model.save(local)
     return model.report
 
 

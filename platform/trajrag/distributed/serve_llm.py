@@ -28,10 +28,11 @@ config file for it (GPU image: ``ray[serve,llm]==2.60.*``, which brings the vLLM
     serve status                                           # wait for RUNNING (weights load: minutes)
 
 then point the planner at it with ``--set llm.chat.backend=openai --set
-llm.chat.base_url=http://127.0.0.1:8000/v1 --set llm.chat.model=qwen3-32b``. The proxy binds
-127.0.0.1 on every node that holds a replica (``proxy_location: EveryNode``): evaluators on those
-nodes call their local proxy; to let other nodes in, set ``http_options.host`` to the cluster's
-internal interface address (never 0.0.0.0 on a reachable network).
+llm.chat.base_url=http://HEAD:8000/v1 --set llm.chat.model=qwen3-32b``, HEAD being the head's
+address inside the cluster (``trajrag-head-svc`` on KubeRay). The file runs one proxy, on the head
+(``proxy_location: HeadOnly``), listening on the cluster-internal network: an ``EveryNode`` proxy
+runs only on nodes that hold a replica, which evaluators on the CPU nodes could not reach on their
+own loopback. Never expose port 8000 outside the cluster.
 """
 
 from __future__ import annotations

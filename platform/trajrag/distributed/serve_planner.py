@@ -37,11 +37,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from trajrag import artefacts
 from trajrag.planners.base import PlannerContext, RetrievalTimings
 from trajrag.planners.scoring import with_kept_points
 from trajrag.retrieval.types import DecisionRetrieval, Experience
@@ -336,7 +336,7 @@ def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
     store = config.load("retrieval", list(overrides)).store
     versions = MemoryStore(store, read_only=True).versions() if store else {}
     value_model = config.load("scoring", list(overrides)).value_model  # a refitted model: a new app
-    value_hash = hashlib.sha1(Path(value_model).read_bytes()).hexdigest() if value_model else ""
+    value_hash = hashlib.sha1(artefacts.local_copy(value_model).read_bytes()).hexdigest() if value_model else ""
     key = json.dumps([app_overrides(overrides), asdict(cfg), versions, value_hash], sort_keys=True)
     return f"{cfg.app_name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 

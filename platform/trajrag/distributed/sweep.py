@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from trajrag import artefacts
+
 PARAM_KINDS = ("uniform", "loguniform", "randint")
 OBJECTIVES = ("sr", "spl")
 
@@ -212,7 +214,8 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
           num_samples: int | None = None, progress: bool = True, ray_address: str | None = None) -> dict:
     """Run the sweep of ``configs/sweep.yaml`` (+ overrides) for the memory ``store`` and the
     encoder ``model_dir``; write ``best_config.json`` and ``results.csv`` under ``out_dir`` and
-    return the best trial with a few counts."""
+    return the best trial with a few counts. ``out_dir``: a folder or an object-store URI
+    (``trajrag.artefacts``; Tune's experiment state then goes there directly)."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -228,8 +231,6 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
     check_config(cfg)
     if not store or not model_dir:
         raise UserError("the sweep evaluates the trajrag planner: pass --store and --model")
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     # Trials run in other folders (Tune's trial dirs): local paths must be absolute.
     base = [f"retrieval.store={_absolute(store)}", f"retrieval.model_dir={_absolute(model_dir)}", *overrides]
     scenes, episodes = tuning_episodes(cfg, base)
@@ -248,13 +249,22 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
             tune_config=tune.TuneConfig(metric=cfg.objective, mode=cfg.mode, search_alg=_searcher(cfg),
                                         scheduler=scheduler, num_samples=cfg.num_samples,
                                         max_concurrent_trials=cfg.max_concurrent_trials),
-            run_config=tune.RunConfig(name=cfg.experiment_name, storage_path=str(out / "tune"),
+            run_config=tune.RunConfig(name=cfg.experiment_name, storage_path=_tune_storage(out_dir),
                                       verbose=1 if progress else 0))
         results = tuner.fit()
     finally:
         if own_ray:
             ray.shutdown()
-    return _write_outputs(results, cfg, out, len(episodes), n_chunks, time.perf_counter() - started)
+    # Both files written beside each other, uploaded together to a URI --out.
+    with artefacts.output_file(artefacts.join(out_dir, "best_config.json")) as best:
+        summary = _write_outputs(results, cfg, best.parent, len(episodes), n_chunks, time.perf_counter() - started)
+    return {**summary, "best_config": artefacts.join(out_dir, "best_config.json"),
+            "results_csv": artefacts.join(out_dir, "results.csv")}
+
+
+def _tune_storage(out_dir: str | Path) -> str:
+    """Tune's experiment folder: ``<out>/tune``, absolute (trials run in other folders)."""
+    return artefacts.join(out_dir if artefacts.is_uri(out_dir) else _absolute(str(out_dir)), "tune")
 
 
 def _absolute(path: str) -> str:
@@ -295,7 +305,7 @@ def _write_outputs(results: Any, cfg: SweepConfig, out: Path, n_episodes: int, n
         "trial_errors": len(errors), "search": cfg.search, "seconds": seconds,
     }
     (out / "best_config.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return {**summary, "best_config": str(out / "best_config.json"), "results_csv": str(out / "results.csv")}
+    return summary
 
 
 def _plain(value: Any) -> Any:

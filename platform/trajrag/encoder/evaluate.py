@@ -142,7 +142,7 @@ def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = ()
                                 batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
     records, names = read_records(store)
     written = embed_chunks(store, encoder, records, names, cfg)
-    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    encoder.node_encoder.save_cache(encoder.folder / "node_cache.safetensors")
     return written
 
 
@@ -178,7 +178,7 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
             raise
         result, queries = {"recall_measured": False, "recall_not_measured_because": str(exc)}, 0
     written = embed_chunks(store, encoder, records, names, cfg) if write else 0
-    encoder.node_encoder.save_cache(Path(model_dir) / "node_cache.safetensors")
+    encoder.node_encoder.save_cache(encoder.folder / "node_cache.safetensors")
     result["held_out"] = {"scenes": len({r.scene for r in held}), "chunks": len(held),
                           "queries": queries, "written": written, "encoder_version": encoder.version}
     return result
@@ -193,7 +193,7 @@ def _held_out_recall(store: Any, model_dir: str | Path, encoder: Any, held: Sequ
 
     if not held:
         raise RecallNotMeasurable(f"memory store {store.uri} has no chunks outside the scenes "
-                                  f"{Path(model_dir)} was trained on")
+                                  f"{model_dir} was trained on")
     data = encode_records(held, names, encoder.node_encoder)
     index = np.arange(len(data))
     seqs, goals = data.sequences(index), data.goal_vectors(index)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trajrag import artefacts
 from trajrag import config as config_mod
 from trajrag.encoder import EncoderError, ModelConfig, NodeEncoderConfig
 from trajrag.topo.representation import TPS_GS
@@ -326,8 +327,12 @@ def save_model_dir(model_dir: str | Path, model: nn.Module, model_cfg: ModelConf
 
 
 def read_meta(model_dir: str | Path) -> dict:
-    """``encoder.json`` of a model folder; a missing or malformed file raises ``EncoderError``."""
-    path = Path(model_dir) / META
+    """``encoder.json`` of a model folder (a path or URI, ``trajrag.artefacts``); a missing or
+    malformed file raises ``EncoderError``."""
+    try:
+        path = artefacts.local_copy(model_dir) / META
+    except FileNotFoundError as exc:
+        raise EncoderError(f"{exc}: not a trained encoder folder (run `trajrag encoder train`)") from None
     if not path.is_file():
         raise EncoderError(f"{path} not found: {model_dir} is not a trained encoder folder "
                            "(run `trajrag encoder train`)")
@@ -344,9 +349,11 @@ def read_meta(model_dir: str | Path) -> dict:
 
 def load_model_dir(model_dir: str | Path, device: str = "cpu") -> tuple[TrajectoryModel, dict]:
     """The trained model (eval mode) and its metadata. The weights file must hash to the
-    value in ``encoder.json``: a corrupted or swapped file raises ``EncoderError`` naming it."""
+    value in ``encoder.json``: a corrupted or swapped file raises ``EncoderError`` naming it.
+    ``model_dir``: a path or URI (``trajrag.artefacts``)."""
     meta = read_meta(model_dir)
-    weights = Path(model_dir) / WEIGHTS
+    model_dir = artefacts.local_copy(model_dir)
+    weights = model_dir / WEIGHTS
     if not weights.is_file():
         raise EncoderError(f"{weights} not found")
     if _file_hash(weights) != meta["weights_sha256"]:
@@ -373,6 +380,8 @@ class TrajectoryEncoder:
         from trajrag.encoder.node_encoder import NodeEncoder
 
         self.model, self.meta = load_model_dir(model_dir, device)
+        # The local folder (a URI's copy on this node): the node-encoding cache is kept there.
+        self.folder = artefacts.local_copy(model_dir)
         self.version: str = self.meta["encoder_version"]
         self.dim: int = int(self.meta["z_dim"])
         self.device = device
@@ -387,10 +396,10 @@ class TrajectoryEncoder:
                 max_length=int(info["max_length"]), free_word=info["free_word"],
                 obstacle_word=info["obstacle_word"], unknown_word=info["unknown_word"],
                 representation=info.get("representation", TPS_GS))
-            cache = Path(model_dir) / "node_cache.safetensors"
+            cache = self.folder / "node_cache.safetensors"
             node_encoder = NodeEncoder(node_cfg, device=device, cache_path=cache)
         if node_encoder.version != info["version"]:
-            raise EncoderError(f"{Path(model_dir) / META}: trained with node encoder "
+            raise EncoderError(f"{model_dir}/{META}: trained with node encoder "
                                f"{info['version']} ({info['model_dir'] or info.get('package')}), "
                                f"got {node_encoder.version} "
                                f"({node_encoder.path})")

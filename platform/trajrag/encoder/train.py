@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from trajrag import artefacts
 from trajrag import config as config_mod
 from trajrag.encoder import EncoderConfig, EncoderError, load_config, torch_device
 from trajrag.encoder.data import (
@@ -361,9 +362,11 @@ def run_trainer(data: EncodedSet | Any, cfg: EncoderConfig, storage: str, run_na
     return result
 
 
-def _storage(cfg: EncoderConfig, out: Path) -> str:
-    path = cfg.train.storage_path or str(out / "runs")
-    return path if "://" in path else str(Path(path).resolve())
+def _storage(cfg: EncoderConfig, out_dir: str | Path) -> str:
+    """Ray Train's storage: ``encoder.train.storage_path`` or ``<out>/runs``; with an object-store
+    ``--out`` the checkpoints go there too, where every node (and a resubmitted job) finds them."""
+    path = cfg.train.storage_path or artefacts.join(out_dir, "runs")
+    return path if artefacts.is_uri(path) else str(Path(path).resolve())
 
 
 def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = None, *,
@@ -375,16 +378,28 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
     store: a ``MemoryStore`` or its URI. cfg: the ``encoder`` config (default: configs/encoder.yaml
     with ``overrides``). workers: Ray Train workers (default ``cfg.train.workers``). fault: test
     hook, see ``_maybe_fail``. node_encoder: a loaded ``NodeEncoder`` to reuse. log: progress lines.
+    out_dir: a folder or an object-store URI (``trajrag.artefacts``: written locally, then uploaded).
     """
+    cfg = cfg or load_config(overrides)
+    with artefacts.output_folder(out_dir) as out:
+        result = _train_into(store, out, _storage(cfg, out_dir), cfg, workers=workers, fault=fault,
+                             node_encoder=node_encoder, log=log)
+        result = replace(result, model_dir=str(out_dir))
+        (out / TRAIN_LOG).write_text(json.dumps(asdict(result), indent=1))
+    return result
+
+
+def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, workers: int | None,
+                fault: Mapping[str, Any] | None, node_encoder: Any,
+                log: Callable[[str], None] | None) -> TrainResult:
+    """``train_encoder`` with the model written to the local folder ``out`` and Ray Train's
+    checkpoints under ``storage``."""
     from trajrag.encoder.model import build_model, fine_tune_start, load_weights, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder
 
     started = time.perf_counter()
     say = log or (lambda _msg: None)
-    cfg = cfg or load_config(overrides)
     workers = int(workers or cfg.train.workers)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     records, names = read_records(store)
     if not records:
         raise EncoderError(f"memory store {getattr(store, 'uri', store)} holds no chunks to train on")
@@ -409,9 +424,8 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
         f"in {time.perf_counter() - t0:.1f} s")
     ensure_ray(cfg.train.ray_address, quiet=True)
     run_name = f"encoder-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    storage = _storage(cfg, out)
     result = run_trainer(data, cfg, storage, run_name, workers=workers,
-                         wandb_dir=str(out / "runs" / run_name) if "://" in storage
+                         wandb_dir=str(out / "runs" / run_name) if artefacts.is_uri(storage)
                          else str(Path(storage) / run_name), fault=fault)
     model = build_model(cfg.model, data.dim, cfg.train.seed, start=cfg.train.init_model)
     with result.checkpoint.as_directory() as folder:
@@ -431,6 +445,5 @@ def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = N
         history=state["history"], resumes=state["resumes"], run_path=str(result.path),
         seconds=seconds, train_chunks=len(train_records), train_scenes=train_scenes,
         held_out_scenes=held_out)
-    (out / TRAIN_LOG).write_text(json.dumps(asdict(out_result), indent=1))
     say(f"trained {out_result.epochs} epochs in {seconds:.1f} s; encoder {meta['encoder_version']}")
     return out_result

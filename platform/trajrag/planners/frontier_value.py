@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy.optimize import minimize
 
+from trajrag import artefacts
 from trajrag.planners.base import PlannerContext, candidate_distances, hysteresis_bonus, worst_known
 from trajrag.retrieval.experience import ExperienceError, ExperienceIndex, experience_path, write_experience
 
@@ -226,7 +227,7 @@ class FrontierValueModel:
     # by ``load_value_model`` when the table exists beside the file, never saved in it).
     experience: Optional[ExperienceIndex] = None
     # The file ``load`` read, for errors that name it (None when fitted in this process).
-    source: Optional[Path] = field(default=None, compare=False)
+    source: Optional[str] = field(default=None, compare=False)
 
     def standardise(self, features: np.ndarray) -> np.ndarray:
         return (np.asarray(features, dtype=float) - self.mean) / self.scale
@@ -274,17 +275,17 @@ class FrontierValueModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "FrontierValueModel":
-        """Read a model written by ``save``; ``ValueModelError`` naming the file if it is not one."""
-        path = Path(path)
+        """Read a model written by ``save`` (a path or URI, ``trajrag.artefacts``);
+        ``ValueModelError`` naming the file if it is not one."""
         try:
-            payload = json.loads(path.read_text())
+            payload = json.loads(artefacts.local_copy(path).read_text())
             if payload.get("format") != MODEL_FORMAT:
                 raise ValueError(f"format {payload.get('format')!r}, expected {MODEL_FORMAT!r}")
             model = cls(vocabulary=list(payload["vocabulary"]), goals=list(payload["goals"]),
                         feature_names=list(payload["feature_names"]), mean=np.asarray(payload["mean"], dtype=float),
                         scale=np.asarray(payload["scale"], dtype=float),
                         weights=np.asarray(payload["weights"], dtype=float), config=ValueConfig(**payload["config"]),
-                        report=dict(payload.get("report", {})), source=path)
+                        report=dict(payload.get("report", {})), source=str(path))
         except FileNotFoundError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -419,9 +420,9 @@ def load_value_model(path: str, overrides: Sequence[str] = ()) -> Optional[Front
 
     model = FrontierValueModel.load(path)
     model.check_vocabulary(config.load("navigator", overrides).vocabulary)
-    if experience_path(path).exists():
+    if artefacts.exists(experience_path(path)):
         scoring = config.load("scoring", overrides)
-        model.experience = ExperienceIndex(experience_path(path), len(model.feature_names), scoring.experience_k,
+        model.experience = ExperienceIndex(artefacts.local_copy(experience_path(path)), len(model.feature_names), scoring.experience_k,
                                            scoring.experience_in_memory)
     return model
 

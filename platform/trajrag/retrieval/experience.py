@@ -23,12 +23,13 @@ larger than an evaluator's memory.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
+from trajrag import artefacts
 from trajrag.memory.store import sql_str
 
 TABLE = "frontier_candidates"
@@ -39,10 +40,11 @@ class ExperienceError(ValueError):
     """The experience table is missing, damaged, or was written for another value model."""
 
 
-def experience_path(value_model: str | Path) -> Path:
-    """Where the experience of a value model file lives: ``VALUE.experience`` beside ``VALUE.json``."""
-    path = Path(value_model)
-    return path.with_name(path.stem + ".experience")
+def experience_path(value_model: str | Path) -> str | Path:
+    """Where the experience of a value model file lives: ``VALUE.experience`` beside ``VALUE.json``
+    (a path beside a path, a URI beside a URI)."""
+    name = PurePosixPath(str(value_model)).stem + ".experience"
+    return artefacts.sibling(value_model, name) if artefacts.is_uri(value_model) else Path(value_model).with_name(name)
 
 
 def write_experience(path: str | Path, goals: list[str], vectors: np.ndarray, advantage_m: np.ndarray) -> int:
