@@ -3,10 +3,12 @@
     PYTHONPATH=platform .venv/bin/python jobs/refresh_notebooks.py [NAME ...] [--set NAME.PARAM=VALUE]
 
 Every notebook runs in a fresh kernel from the repository root, on this checkout's code, so the
-committed figures come from the code of the commit that holds them. ``--set 05_results.EVAL=...``
+committed figures come from the code of the commit that holds them. ``--set 05_results.BASELINE=...``
 replaces a value of a notebook's parameter cell (the cell tagged ``parameters``; VALUE is a
-Python literal) through a cell inserted after it, as papermill does. ``tests/test_notebooks.py``
-runs the same ``execute`` on small parameters.
+Python literal) through a cell inserted after it, as papermill does. What the notebooks build
+small (their ``WORK`` parameter) goes to one fresh temporary folder per refresh, so no memory or
+evaluation made by older code reaches the figures. ``tests/test_notebooks.py`` runs the same
+``execute`` on small parameters.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +29,8 @@ PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 # A cell tagged so must leave at least one PNG: the figure it exists for.
 FIGURE_TAG = "figure"
+# The parameter naming the folder a notebook builds its small runs in (refreshed: a fresh one).
+WORK_PARAMETER = "WORK"
 # Seconds one cell may run: the longest is a quick bench or a small memory build on 2 busy cores.
 CELL_TIMEOUT_S = 900
 
@@ -38,15 +43,24 @@ def notebook_paths(names: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def inject_parameters(nb: nbformat.NotebookNode, parameters: dict) -> None:
-    """Insert ``NAME = repr(VALUE)`` lines after the notebook's parameter cell (ValueError
-    when it has none or when a name is not one of its parameters: a typo would run silently)."""
+def _parameter_cell(nb: nbformat.NotebookNode) -> int:
     index = next((i for i, c in enumerate(nb.cells) if PARAMETERS_TAG in c.metadata.get("tags", [])), None)
     if index is None:
         raise ValueError("notebook has no cell tagged 'parameters'")
-    known = {t.id for node in ast.parse(nb.cells[index].source).body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name)}
-    unknown = sorted(set(parameters) - known)
+    return index
+
+
+def parameter_names(nb: nbformat.NotebookNode) -> set[str]:
+    """The names the notebook's parameter cell assigns."""
+    return {t.id for node in ast.parse(nb.cells[_parameter_cell(nb)].source).body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def inject_parameters(nb: nbformat.NotebookNode, parameters: dict) -> None:
+    """Insert ``NAME = repr(VALUE)`` lines after the notebook's parameter cell (ValueError
+    when it has none or when a name is not one of its parameters: a typo would run silently)."""
+    index = _parameter_cell(nb)
+    unknown = sorted(set(parameters) - parameter_names(nb))
     if unknown:
         raise ValueError(f"unknown parameters {unknown}; the parameter cell sets {sorted(known)}")
     source = "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
@@ -98,16 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     paths = notebook_paths(args.names)
     if not paths:
         raise SystemExit(f"no notebook in {NOTEBOOKS} matches {args.names}")
-    for path in paths:
-        started = time.perf_counter()
-        parameters = {k: v for prefix, values in sets.items() if path.stem.startswith(prefix) for k, v in values.items()}
-        nb = execute(path, parameters)
-        missing = missing_figures(nb)
-        if missing:
-            raise SystemExit(f"{path.name}: cells {missing} are tagged 'figure' and drew none")
-        nbformat.write(nb, path)
-        print(f"{path.relative_to(REPO)}: {time.perf_counter() - started:.0f} s, "
-              f"{path.stat().st_size / 1024:.0f} KiB", file=sys.stderr)
+    # What the notebooks build small (memory, evaluation, sweep) goes to one fresh folder shared by
+    # this refresh: nothing built by older code is read back into the committed figures.
+    with tempfile.TemporaryDirectory(prefix="trajrag-notebooks-") as work:
+        for path in paths:
+            started = time.perf_counter()
+            parameters = {k: v for prefix, values in sets.items() if path.stem.startswith(prefix)
+                          for k, v in values.items()}
+            if WORK_PARAMETER in parameter_names(nbformat.read(path, as_version=4)):
+                parameters.setdefault(WORK_PARAMETER, work)
+            try:
+                nb = execute(path, parameters)
+            except ValueError as exc:  # a --set naming no parameter of this notebook
+                raise SystemExit(f"{path.name}: {exc}") from None
+            missing = missing_figures(nb)
+            if missing:
+                raise SystemExit(f"{path.name}: cells {missing} are tagged 'figure' and drew none")
+            nbformat.write(nb, path)
+            print(f"{path.relative_to(REPO)}: {time.perf_counter() - started:.0f} s, "
+                  f"{path.stat().st_size / 1024:.0f} KiB", file=sys.stderr)
     return 0
 
 
