@@ -59,8 +59,8 @@ def parameter_names(nb: nbformat.NotebookNode) -> set[str]:
 def inject_parameters(nb: nbformat.NotebookNode, parameters: dict) -> None:
     """Insert ``NAME = repr(VALUE)`` lines after the notebook's parameter cell (ValueError
     when it has none or when a name is not one of its parameters: a typo would run silently)."""
-    index = _parameter_cell(nb)
-    unknown = sorted(set(parameters) - parameter_names(nb))
+    index, known = _parameter_cell(nb), parameter_names(nb)
+    unknown = sorted(set(parameters) - known)
     if unknown:
         raise ValueError(f"unknown parameters {unknown}; the parameter cell sets {sorted(known)}")
     source = "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
@@ -94,7 +94,7 @@ def _parse_sets(values: list[str]) -> dict[str, dict]:
         key, sep, value = item.partition("=")
         notebook, dot, param = key.partition(".")
         if not sep or not dot:
-            raise SystemExit(f"--set {item!r}: expected NOTEBOOK.PARAM=VALUE, e.g. 05_results.EVAL='runs/mp3d/six'")
+            raise SystemExit(f"--set {item!r}: expected NOTEBOOK.PARAM=VALUE, e.g. 05_results.EVAL_FOLDERS=['runs/mp3d/six']")
         try:
             sets.setdefault(notebook, {})[param] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
