@@ -41,7 +41,9 @@ tests).
   topo        navigator ms per step and topo-polar conversion (4 val homes x 2
               episodes); --quick: 1 home x 1 episode
   store       memory insert latency at 1k, 10k and 100k chunks (200 timed
-              inserts); --quick: 1k and 2k chunks, 50 inserts
+              inserts, each committed and batched) and where it goes;
+              --chunks N: up to N (e.g. 350000); --quick: 1k and 2k chunks, 50
+              inserts
   mapping     per-step ms of the map stack on one core (500 steps);
               --quick: 60 steps
   encoder     Ray Train pairs/s with 1 and 2 workers (encoder.bench: trajectories,
@@ -68,8 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests (sizes above)")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
-                        help="corpus size, read by the scale and experience benches only (default: "
-                             "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick)")
+                        help="corpus size, read by the scale, experience and store benches only (default: "
+                             "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick; "
+                             "store: the largest size, 100k)")
     parser.add_argument("--workdir", default=None, metavar="DIR",
                         help="folder for the temporary stores of store, scale and experience "
                              "(default: the system temp folder; a tmpfs such as /dev/shm leaves "

@@ -48,12 +48,14 @@ state follows each decision, so later trajectories of a batch see the earlier on
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -68,8 +70,10 @@ from trajrag.memory.matching import (
     VerifierConfig,
     implied_shift,
     match,
+    match_similarity,
     pose_evidence,
     rotate_sectors,
+    sector_similarity_batch,
 )
 from trajrag.memory.store import (
     CHUNKS, DECISIONS, MAP_COLUMNS, Batch, MemoryStore, StoreError, label_categories)
@@ -81,6 +85,10 @@ from trajrag.topo.trajectory import TopoPolarTrajectory
 MAX_LABEL = 127
 # memory.summary_geometry: summaries of the walked nodes (the paper) or of the walks' maps.
 GEOMETRY_WALK, GEOMETRY_MAP = "walk", "map"
+# The phases of an insert that ``TrajectoryMemory.seconds`` times: validation and label mapping,
+# the chunk text L(T_tp), the prefilter's vote, Eq. 8 against the candidates, mutual KNN + RANSAC
+# + edge support per candidate, the decision's summary and index updates, the LanceDB commit.
+PHASES = ("prepare", "describe", "candidates", "similarity", "geometry", "update", "commit")
 
 
 @dataclass
@@ -266,6 +274,21 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class _SeededDraws:
+    """The per-trajectory RANSAC generator, seeded on its first draw: most matches have few
+    enough pairs to try them all and draw nothing, and seeding costs ~0.3 ms (as much as a
+    small match). Draws are those of ``np.random.default_rng(seed)``."""
+
+    def __init__(self, seed: list[int]) -> None:
+        self._seed = seed
+        self._rng: np.random.Generator | None = None
+
+    def integers(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
+        return self._rng.integers(*args, **kwargs)
+
+
 class TrajectoryMemory:
     """The hierarchical TrajRAG memory over a ``MemoryStore`` (single writer).
 
@@ -288,11 +311,21 @@ class TrajectoryMemory:
         # is on, else the thresholds'.
         self._floor_params = replace(self.params, min_inliers=min(cfg.min_inliers, cfg.verifier.min_inliers))
         self._commits = 0
+        # Seconds spent in each of PHASES since construction (``trajrag bench store`` reports them).
+        self.seconds: Counter[str] = Counter()
         # Called with (prepared trajectory, group id, match) for every candidate an insert
         # matches, before it decides (``memory.verifier`` collects its training evidence so).
         self.on_match: Callable[[_Prepared, int, MatchResult], None] | None = None
         self._reset_pending()
         self.reload()
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
 
     # -- state -------------------------------------------------------------------------------
 
@@ -413,9 +446,12 @@ class TrajectoryMemory:
         mapped = _to_store_labels(sectors, lut)
         success = bool(_attr(traj, ("success",), False))
         if description is None:
+            description = _attr(traj, ("description",))
+        if description is None:
             # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
-            description = _attr(traj, ("description",)) or describe(TopoPolarTrajectory(
-                xy, sectors, categories, goal, ref, success=success))
+            with self._timed("describe"):
+                description = describe(TopoPolarTrajectory(xy, sectors, categories, goal, ref,
+                                                           success=success))
         place = self._map_geometry(traj, xy, lut, ref)
         if isinstance(place, str):
             return place
@@ -460,17 +496,19 @@ class TrajectoryMemory:
         """The prefilter's candidate group ids, best first (``sectors`` in store label ids)."""
         return self.index.candidates(sectors, self.cfg.candidates, self.cfg.prefilter_neighbours)
 
-    def _rng(self, tid: str) -> np.random.Generator:
+    def _rng(self, tid: str) -> _SeededDraws:
         # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
-        return np.random.default_rng([self.cfg.seed, zlib.crc32(tid.encode())])
+        return _SeededDraws([self.cfg.seed, zlib.crc32(tid.encode())])
 
-    def match_group(self, prep: _Prepared, group_id: int) -> MatchResult:
-        """Match ``prep`` against one group; with ``memory.verifier`` on, the verifier accepts."""
+    def match_group(self, prep: _Prepared, group_id: int, sim_all: np.ndarray) -> MatchResult:
+        """Match ``prep`` against one group given their sector similarities at every shift
+        (``matching.sector_similarity_batch``); with ``memory.verifier`` on, the verifier accepts."""
         summary = self.summaries[group_id]
         verifier = self.cfg.verifier
-        if not verifier.enabled and self.on_match is None:
-            return match(prep.geometry, summary, self.params, self._rng(prep.trajectory_id))
-        result = match(prep.geometry, summary, self._floor_params, self._rng(prep.trajectory_id))
+        params = self.params if not verifier.enabled and self.on_match is None else self._floor_params
+        result = match_similarity(prep.geometry, summary, sim_all, params, self._rng(prep.trajectory_id))
+        if params is self.params:
+            return result
         if not verifier.enabled:
             return replace(result, accepted=result.accepted and result.n_inliers >= self.cfg.min_inliers)
         verified = (result.transform is not None and result.n_inliers >= verifier.min_inliers
@@ -484,7 +522,12 @@ class TrajectoryMemory:
 
     def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
         """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
-        found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.geometry.sectors)]
+        with self._timed("candidates"):
+            groups = self.candidates(prep.geometry.sectors)
+        with self._timed("similarity"):
+            sims = sector_similarity_batch(prep.geometry.sectors, [self.summaries[g].sectors for g in groups])
+        with self._timed("geometry"):
+            found = [(gid, self.match_group(prep, gid, sim)) for gid, sim in zip(groups, sims)]
         if self.on_match is not None:
             for gid, result in found:
                 self.on_match(prep, gid, result)
@@ -685,10 +728,17 @@ class TrajectoryMemory:
             return self._record(Decision("", "rejected", reason=str(exc)))
         if self.known(tid):
             return Decision(tid, "duplicate", reason="trajectory id already in the store")
-        prep = self._prepare(traj, tid, description, policy)
+        with self._timed("prepare"):
+            prep = self._prepare(traj, tid, description, policy)
         if isinstance(prep, str):
             return self._record(Decision(tid, "rejected", reason=prep))
         matches = self._accepted_matches(prep)
+        with self._timed("update"):
+            return self._apply(prep, matches)
+
+    def _apply(self, prep: _Prepared, matches: list[tuple[int, MatchResult]]) -> Decision:
+        """The decision for ``prep`` given its accepted matches, best first: a new group, or a
+        merge (or redundant) into the best, fusing the others into it."""
         if not matches:
             return self._new_group(prep)
         gid, result = matches[0]
@@ -758,15 +808,16 @@ class TrajectoryMemory:
             return
         batch = self._pending
         batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
-        try:
-            self.store.commit(batch)
-        except StoreError:
-            self.reload()
-            raise
-        self._reset_pending()
-        self._commits += 1
-        if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
-            self.store.compact(self.cfg.keep_versions)
+        with self._timed("commit"):
+            try:
+                self.store.commit(batch)
+            except StoreError:
+                self.reload()
+                raise
+            self._reset_pending()
+            self._commits += 1
+            if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
+                self.store.compact(self.cfg.keep_versions)
 
     def _summary_row(self, s: Summary) -> dict:
         edges = np.asarray(sorted(s.edges), dtype=np.int32).reshape(-1, 2)

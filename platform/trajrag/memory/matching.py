@@ -24,9 +24,10 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -140,6 +141,10 @@ def rotate_sectors(sectors: np.ndarray, shift: int) -> np.ndarray:
     return np.roll(sectors, shift, axis=-1)
 
 
+# rolled[k, i, s] = A[i, (s - k) % 12] == np.roll(A[i], k)[s]: A[:, _ROLL_INDEX] is (n, 12, 12).
+_ROLL_INDEX = (np.arange(N_SECTORS)[None, :] - np.arange(N_SECTORS)[:, None]) % N_SECTORS
+
+
 def _one_hot(sectors: np.ndarray, values: np.ndarray) -> np.ndarray:
     """(..., 12) labels -> (..., 12 * V) float32 one-hot over ``values`` (UNKNOWN excluded)."""
     hot = sectors[..., None] == values
@@ -162,14 +167,35 @@ def sector_similarity_all(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     values = values[values != UNKNOWN]
     if n == 0 or m == 0 or len(values) == 0:
         return np.zeros((N_SECTORS, n, m), dtype=np.float32)
-    shifts = np.arange(N_SECTORS)
-    # rolled[k, i, s] = A[i, (s - k) % 12] == np.roll(A[i], k)[s]
-    idx = (np.arange(N_SECTORS)[None, :] - shifts[:, None]) % N_SECTORS
-    rolled = A[:, idx].transpose(1, 0, 2)  # (12, n, 12)
+    rolled = A[:, _ROLL_INDEX].transpose(1, 0, 2)  # (12, n, 12)
     left = _one_hot(rolled, values).reshape(N_SECTORS * n, -1)
     right = _one_hot(B, values)
     counts = (left @ right.T).reshape(N_SECTORS, n, m)
     return counts / np.float32(N_SECTORS)
+
+
+def sector_similarity_batch(A: np.ndarray, Bs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``sector_similarity_all(A, B)`` for every B of ``Bs`` (a trajectory against its candidate
+    summaries) with one matmul: (12, n, m_i) float32 each, equal to the bit. The counts are sums
+    of 0/1 products (at most 12), exact in float32 whatever the summation order, and labels
+    that only some of the inputs hold add zeros."""
+    A = np.asarray(A)
+    Bs = [np.asarray(B) for B in Bs]
+    if not Bs:
+        return []
+    if A.ndim != 2 or A.shape[1] != N_SECTORS or any(B.ndim != 2 or B.shape[1] != N_SECTORS for B in Bs):
+        raise ValueError(f"sector arrays must be (n, {N_SECTORS}) and (m, {N_SECTORS}), "
+                         f"got {A.shape} and {[B.shape for B in Bs]}")
+    n, sizes = len(A), [len(B) for B in Bs]
+    stacked = np.concatenate(Bs)
+    values = np.intersect1d(np.unique(A), np.unique(stacked))
+    values = values[values != UNKNOWN]
+    if n == 0 or len(stacked) == 0 or len(values) == 0:
+        return [np.zeros((N_SECTORS, n, m), dtype=np.float32) for m in sizes]
+    rolled = A[:, _ROLL_INDEX].transpose(1, 0, 2)  # (12, n, 12), as in sector_similarity_all
+    left = _one_hot(rolled, values).reshape(N_SECTORS * n, -1)
+    counts = (left @ _one_hot(stacked, values).T).reshape(N_SECTORS, n, -1) / np.float32(N_SECTORS)
+    return np.split(counts, np.cumsum(sizes)[:-1], axis=2)
 
 
 def sector_similarity(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -216,6 +242,14 @@ def _huber_weights(residual: np.ndarray, delta: float) -> np.ndarray:
     return np.where(residual <= delta, 1.0, delta / np.maximum(residual, 1e-12))
 
 
+@functools.lru_cache(maxsize=256)
+def _all_pairs(c: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(c, 1)``, kept: RANSAC asks for the same few sizes thousands of times."""
+    a, b = np.triu_indices(c, 1)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b
+
+
 def ransac_se2(
     P: np.ndarray,
     Q: np.ndarray,
@@ -247,7 +281,7 @@ def ransac_se2(
         return identity
     n_all = c * (c - 1) // 2
     if n_all <= iterations:
-        a, b = np.triu_indices(c, 1)
+        a, b = _all_pairs(c)
     else:
         a = rng.integers(0, c, size=iterations)
         b = (a + rng.integers(1, c, size=iterations)) % c
@@ -330,7 +364,16 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
     requires at least ``min_inliers`` consistent pairs, an inlier ratio of at least ``min_score``
     and ``min_edge_support`` edges of the trajectory found again in the summary.
     """
-    sim_all = sector_similarity_all(traj.sectors, summary.sectors)
+    return match_similarity(traj, summary, sector_similarity_all(traj.sectors, summary.sectors),
+                            params, rng)
+
+
+def match_similarity(traj: SectorNodes, summary: SectorNodes, sim_all: np.ndarray,
+                     params: MatchParams, rng: Any) -> MatchResult:
+    """``match`` given ``sim_all = sector_similarity_all(traj.sectors, summary.sectors)`` (from
+    ``sector_similarity_batch`` when a trajectory meets several summaries). ``rng``: anything
+    with a numpy Generator's ``integers``, drawn from only when there are more pairs of
+    correspondences than ``ransac_iterations``."""
     S = sim_all.max(axis=0)
     pairs = mutual_knn(S, params.mutual_k, params.min_node_similarity)
     empty = np.zeros(len(pairs), dtype=bool)
