@@ -312,7 +312,8 @@ def run(args: argparse.Namespace) -> dict:
             if verbose:
                 print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, "
                       f"p50 {out[f'insert_ms_p50_{name}']} ms, batched "
-                      f"{out[f'batched_insert_ms_p50_{name}']} ms", flush=True)
+                      f"{out[f'batched_insert_ms_p50_{name}']} ms, growth ms per trajectory by "
+                      f"phase {out.get(f'profile_ms_per_traj_{name}')}", flush=True)
         memory.store.compact(cfg.keep_versions)
         stats = corpus_stats(memory.store)
         out.update({"bytes_per_chunk": round(stats["bytes_per_chunk"], 1),

@@ -255,6 +255,15 @@ def trajectory_key(traj: Any, policy: str | None = None) -> str:
     return "/".join(parts + ([str(policy)] if policy else []))
 
 
+def chunk_description(traj: TopoPolarLike) -> str:
+    """L(T_tp), the paper's chunk text (~85 bytes a node; the encoder stage may re-derive it).
+    The memory writes it unless the trajectory carries it (``traj.description``): collectors
+    attach it, since it costs the single writer as much as a quarter of an insert."""
+    return describe(TopoPolarTrajectory(
+        np.asarray(traj.node_xy, dtype=np.float64), np.asarray(traj.sectors), tuple(traj.categories),
+        str(traj.goal), float(traj.reference_yaw), success=bool(_attr(traj, ("success",), False))))
+
+
 def is_subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
     """``short`` appears in ``long`` in the same order (not necessarily contiguous)."""
     it = iter(long)
@@ -448,10 +457,8 @@ class TrajectoryMemory:
         if description is None:
             description = _attr(traj, ("description",))
         if description is None:
-            # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
             with self._timed("describe"):
-                description = describe(TopoPolarTrajectory(xy, sectors, categories, goal, ref,
-                                                           success=success))
+                description = chunk_description(traj)
         place = self._map_geometry(traj, xy, lut, ref)
         if isinstance(place, str):
             return place

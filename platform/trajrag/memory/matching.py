@@ -721,16 +721,23 @@ class NodeIndex:
         so a node that looks like many others (a plain corridor) casts almost no vote while a
         distinctive one counts; a group takes its best vote from each query node.
         """
-        return rank_votes(self.node_votes(sectors, neighbours), n)
+        if not self._rows or len(sectors) == 0:
+            return []
+        return _ranked(*_top_votes(*self._similarities(sectors), neighbours), n)
 
     def node_votes(self, sectors: np.ndarray, neighbours: int) -> list[dict[int, float]]:
         """Per query node, its vote for each group (see ``candidates``); callers that see the
         same nodes again (a navigator re-deciding along one trajectory) can cache them."""
         if not self._rows or len(sectors) == 0:
             return [{} for _ in range(len(sectors))]
+        return _votes(*self._similarities(sectors), neighbours)
+
+    def _similarities(self, sectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Query nodes x searched nodes: descriptor similarities (-inf: padding) and the searched
+        nodes' groups (-1: none), per column (exact search) or per entry (inverted file)."""
         query = node_descriptors(sectors, self.dim)
         if self._centroids is None:
-            return _votes(query @ self._desc[: self._used].T, self._owner[: self._used], neighbours)
+            return query @ self._desc[: self._used].T, self._owner[: self._used]
         probes = min(self.ivf.probes, len(self._centroids))
         near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
         probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
@@ -740,16 +747,49 @@ class NodeIndex:
         owner = np.full((len(probed), width), -1, dtype=np.int64)
         for k, (sims, owners) in enumerate(probed):
             sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
-        return _votes(sim, owner, neighbours)
+        return sim, owner
 
 
 def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:
     """Per row of ``sim`` (query nodes x indexed nodes; -inf: no node there): the best vote for
     each group among the row's ``neighbours`` most similar nodes (see ``NodeIndex.candidates``).
     ``owner`` holds the indexed nodes' groups (-1: none), per column or per entry."""
+    groups, weights = _top_votes(sim, owner, neighbours)
+    votes = []
+    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
+        best: dict[int, float] = {}
+        for g, w in zip(q_owners, q_weights):
+            if g >= 0 and w > best.get(g, 0.0):
+                best[g] = w
+        votes.append(best)
+    return votes
+
+
+def _ranked(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:
+    """``rank_votes(_votes(...), n)`` from ``_top_votes``' arrays without a dict per query node,
+    to the bit: each group's votes (its best per query node) are summed in float64 in query
+    node order, as ``rank_votes`` adds them."""
+    rows = np.broadcast_to(np.arange(len(groups))[:, None], groups.shape).ravel()
+    groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
+    keep = (groups >= 0) & (weights > 0)
+    rows, groups, weights = rows[keep], groups[keep], weights[keep]
+    # The best vote of each (query node, group): sorted by node, group, vote descending.
+    order = np.lexsort((-weights, groups, rows))
+    rows, groups, weights = rows[order], groups[order], weights[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (groups[1:] != groups[:-1])
+    ids, dense = np.unique(groups[first], return_inverse=True)
+    scores = np.bincount(dense, weights=weights[first], minlength=len(ids))
+    ranked = np.lexsort((ids, -scores))[:n]
+    return ids[ranked].tolist()
+
+
+def _top_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``sim``: the groups of its ``neighbours`` most similar nodes and their votes
+    (sqrt of the margin over the next node), (rows, m) each; see ``_votes``."""
     total = sim.shape[1]
     if total == 0:
-        return [{} for _ in range(len(sim))]
+        return np.zeros((len(sim), 0), np.int64), np.zeros((len(sim), 0), np.float32)
     m = min(neighbours, total)
     if m < total:
         # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
@@ -764,14 +804,7 @@ def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int
         top = np.broadcast_to(np.arange(total), sim.shape)
         weights = np.sqrt(np.maximum(sim, 0.0))
     groups = owner[top] if owner.ndim == 1 else np.take_along_axis(owner, top, axis=1)
-    votes = []
-    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
-        best: dict[int, float] = {}
-        for g, w in zip(q_owners, q_weights):
-            if g >= 0 and w > best.get(g, 0.0):
-                best[g] = w
-        votes.append(best)
-    return votes
+    return groups, weights
 
 
 def rank_votes(votes: Iterable[dict[int, float]], n: int) -> list[int]:
