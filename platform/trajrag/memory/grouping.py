@@ -149,6 +149,19 @@ class TopoPolarLike(Protocol):
     reference_yaw: float  # radians
 
 
+@dataclass(frozen=True)
+class MemoryShard:
+    """One of ``count`` grouping writers' part of a memory (``memory.shards``): the groups whose
+    id is ``index`` modulo ``count``, since each writer numbers its new groups so. The single
+    writer is shard 0 of 1."""
+
+    index: int
+    count: int
+
+    def holds(self, group_id: int) -> bool:
+        return group_id % self.count == self.index
+
+
 @dataclass
 class Decision:
     """What one insert did. ``transform`` maps the trajectory's frame into the group frame."""
@@ -306,7 +319,8 @@ class TrajectoryMemory:
     the store at construction and after ``rollback``.
     """
 
-    def __init__(self, store: MemoryStore | str, cfg: MemoryConfig) -> None:
+    def __init__(self, store: MemoryStore | str, cfg: MemoryConfig,
+                 shard: MemoryShard = MemoryShard(0, 1)) -> None:
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim)
         if cfg.summary_geometry not in (GEOMETRY_WALK, GEOMETRY_MAP):
@@ -314,6 +328,7 @@ class TrajectoryMemory:
                              f"got {cfg.summary_geometry!r}")
         self.store = store
         self.cfg = cfg
+        self.shard = shard
         self.params = cfg.match_params()
         # With the verifier on, or an ``on_match`` observer, inserts match down to the
         # verifier's inlier floor; whether a match is accepted is the verifier's call when it
@@ -343,7 +358,8 @@ class TrajectoryMemory:
         self._pending_groups: set[int] = set()
 
     def reload(self) -> None:
-        """(Re)load the in-memory state from the store's latest versions."""
+        """(Re)load the in-memory state from the store's latest versions (of a shard: its groups,
+        and the ids of every chunk)."""
         self._reset_pending()
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
@@ -360,6 +376,8 @@ class TrajectoryMemory:
                        np.asarray(row["edges"], dtype=np.int64).reshape(-1, 2)},
                 reference_yaw=float(row["reference_yaw"]), n_members=0,
                 scene_hints=list(row["scene_hints"] or []), goals=list(row["goals"] or []))
+            if not self.shard.holds(summary.group_id):
+                continue
             self.summaries[summary.group_id] = summary
             self.index.set_group(summary.group_id, summary.sectors)
         redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
@@ -374,6 +392,8 @@ class TrajectoryMemory:
                 nodes = aliases[gid].node_map[np.asarray(nodes, dtype=np.int64)].tolist()
                 gid = aliases[gid].group_id
             self._chunk_ids.add(tid)
+            if not self.shard.holds(gid):
+                continue
             self._add_member(gid, goal, tid, collapse_repeats(nodes))
             if gid in self.summaries:
                 self.summaries[gid].n_members += 1
@@ -381,7 +401,8 @@ class TrajectoryMemory:
         self._next_seq = max(decisions.column("seq").to_pylist(), default=-1) + 1
         # Fused groups leave no summary; their ids stay in the log and are never reused.
         used = [g for g in decisions.column("group_id").to_pylist() if g is not None]
-        self._next_group = max([*self.summaries, *aliases, *used], default=-1) + 1
+        after = max([*self.summaries, *aliases, *used], default=-1) + 1
+        self._next_group = after + (self.shard.index - after) % self.shard.count  # the shard's next
 
     def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
         self._members.setdefault(gid, {}).setdefault(goal, []).append(
@@ -600,7 +621,7 @@ class TrajectoryMemory:
 
     def _new_group(self, prep: _Prepared) -> Decision:
         gid = self._next_group
-        self._next_group += 1
+        self._next_group += self.shard.count
         geo = prep.geometry
         edges = {(min(a, b), max(a, b)) for a, b in geo.edges.tolist() if a != b}
         summary = Summary(gid, geo.node_xy.copy(), geo.sectors.copy(),
@@ -809,19 +830,33 @@ class TrajectoryMemory:
         self.flush()
         return decisions
 
+    def decide_many(self, trajs: Iterable[TopoPolarLike], labels: Iterable[str] = ()) -> tuple[
+            list[Decision], Batch]:
+        """A shard's part of a sharded insert (``memory.shards``): ``labels`` (every category
+        name of the whole batch, in plan order, so that all shards number new labels alike) join
+        the vocabulary, then ``trajs`` are decided; returns the decisions and the rows to commit."""
+        self._label_lut(list(labels))
+        decisions = [self._decide(traj, None, None, None) for traj in trajs]
+        return decisions, self.take_batch()
+
+    def take_batch(self) -> Batch:
+        """The pending rows as one batch (``flush`` commits it; a sharded build's committer
+        merges every shard's); nothing is pending after."""
+        batch = self._pending
+        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
+        self._reset_pending()
+        return batch
+
     def flush(self) -> None:
         """Commit pending rows. On failure the store is rolled back and the state reloaded."""
         if not self._pending and not self._pending_groups:
             return
-        batch = self._pending
-        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
         with self._timed("commit"):
             try:
-                self.store.commit(batch)
+                self.store.commit(self.take_batch())
             except StoreError:
                 self.reload()
                 raise
-            self._reset_pending()
             self._commits += 1
             if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
                 self.store.compact(self.cfg.keep_versions)
