@@ -18,6 +18,8 @@ BENCHES: dict[str, str] = {
     "encoder": "trajrag.bench.encoder:run",
     # corpus_traj_per_s_1/_2, eval_episodes_per_h_1/_2, serve_ms_p50/_p99 (the Ray jobs, issue 7)
     "pipeline": "trajrag.bench.pipeline:run",
+    # trajectories/s into the memory with 1 and N grouping writers (issue 51)
+    "build": "trajrag.bench.build:run",
     # LanceDB store of --chunks N chunks: size, fine-stage ANN latency and recall@10 (issue 7)
     "scale": "trajrag.bench.scale:run",
     # the retrieved-experience lookup per decision on --chunks N past candidates, LanceDB vs numpy
@@ -50,6 +52,9 @@ tests).
               epochs); --quick: 256 trajectories, 1 timed epoch
   pipeline    corpus trajectories/s, evaluation episodes/h and Serve decision
               latency (configs/pipeline_bench.yaml); --quick: its quick_* keys
+  build       trajectories/s the grouping writer(s) take, 1 and 2 writers, fed
+              pre-collected trajectories up to build_bench.chunks (--chunks N:
+              also N); --quick: build_bench.quick_chunks
   scale       fine-stage ANN latency and recall@10 on a store of --chunks N chunks
               (scale_bench.chunks); --quick: scale_bench.quick_chunks
   experience  retrieved-experience lookup per decision on --chunks N past
@@ -70,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests (sizes above)")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
-                        help="corpus size, read by the scale, experience and store benches only (default: "
+                        help="corpus size, read by the scale, experience, store and build benches only (default: "
                              "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick; "
                              "store: the largest size, 100k)")
     parser.add_argument("--workdir", default=None, metavar="DIR",

@@ -200,6 +200,9 @@ class ShardGrouper:
     def reload(self) -> None:
         self.memory.reload()
 
+    def ping(self) -> bool:
+        return True
+
 
 def _actor_shards(store_uri: str, overrides: Sequence[str], count: int, num_cpus: float) -> Any:
     """``memory.shards.ShardedMemory`` with each shard in a ``ShardGrouper`` actor (they decide a
@@ -225,7 +228,9 @@ def _actor_shards(store_uri: str, overrides: Sequence[str], count: int, num_cpus
         def _reload_shards(self):
             ray.get([s.reload.remote() for s in self.shards])
 
-    return ActorShards(store_uri, config.load("memory", overrides), count)
+    memory = ActorShards(store_uri, config.load("memory", overrides), count)
+    ray.get([shard.ping.remote() for shard in memory.shards])  # up (and loaded) before the first batch
+    return memory
 
 
 class GroupingWriter:
