@@ -9,8 +9,10 @@ prefilter, matching, redundancy, merge or new group, commit. Scenes arrive with 
 scene per ``chunks_per_scene`` trajectories), as when a collector fleet covers more homes.
 
 The store is grown with ``insert_many`` (batched commits, as the corpus job's writer inserts) to
-each size, then ``timing_inserts`` single ``insert`` calls are timed there, each one a full
-LanceDB commit (``insert_ms_*``), and as many inserts that join one batch committed after them
+each size (``batch_insert_cpu_ms_per_traj_*``: the process's CPU time per trajectory, which a
+shared machine's load does not inflate), then ``timing_inserts`` single ``insert`` calls are
+timed there, each one a full LanceDB commit (``insert_ms_*``), and as many inserts that join one
+batch committed after them
 (``batched_insert_ms_*``: the writer's cost per trajectory, the batch's commit spread over it in
 ``batched_commit_ms_per_traj_*``). ``profile_ms_per_traj_SIZE`` splits the growth to that size by
 the phases of ``memory.grouping.PHASES`` (ms per trajectory; ``describe`` is part of ``prepare``,
@@ -284,7 +286,7 @@ def run(args: argparse.Namespace) -> dict:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
         work = _Workload(cfg.seed, _CHUNKS_PER_SCENE)
         for name, size in sizes.items():
-            start, grown, before = time.perf_counter(), 0, Counter(memory.seconds)
+            start, cpu, grown, before = time.perf_counter(), time.process_time(), 0, Counter(memory.seconds)
             while memory.n_chunks < size - 2 * timing_inserts:
                 need = size - 2 * timing_inserts - memory.n_chunks
                 batch = [work.next() for _ in range(min(need, cfg.batch_size))]
@@ -293,6 +295,8 @@ def run(args: argparse.Namespace) -> dict:
             if grown:
                 out[f"batch_insert_ms_per_traj_{name}"] = round(
                     (time.perf_counter() - start) * 1e3 / grown, 3)
+                out[f"batch_insert_cpu_ms_per_traj_{name}"] = round(
+                    (time.process_time() - cpu) * 1e3 / grown, 3)
                 out[f"profile_ms_per_traj_{name}"] = {
                     phase: round((memory.seconds[phase] - before[phase]) * 1e3 / grown, 3)
                     for phase in PHASES}
