@@ -100,10 +100,10 @@ def run(args: argparse.Namespace) -> dict:
     sizes = sorted(set(cfg.quick_chunks if quick else cfg.chunks) | ({args.chunks} if getattr(args, "chunks", None) else set()))
     window = cfg.quick_window if quick else cfg.window
     verbose = not getattr(args, "json", False)
-    trajs = _trajectories(sizes[-1], memory_cfg.seed, cfg.chunks_per_scene)
     out: dict = {"sizes": sizes, "window": window, "writer_batch": job.writer_batch,
                  "max_unacked_batches": job.max_unacked_batches, "cpus": os.cpu_count()}
     own_ray = ensure_ray(None, max(cfg.writers) * job.shard_num_cpus + 1, quiet=True)
+    trajs = _trajectories(sizes[-1], memory_cfg.seed, cfg.chunks_per_scene)
     writer_cls = ray.remote(GroupingWriter).options(num_cpus=0)
     root = work_dir(args, "trajrag-bench-build-")
     try:
