@@ -43,7 +43,9 @@ the inlier thresholds.
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
 nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory
-state follows each decision, so later trajectories of a batch see the earlier ones.
+state follows each decision, so later trajectories of a batch see the earlier ones. Several
+writers, each the groups of a share of the scenes (``MemoryShard``), over one store:
+``memory.shards``. ``TrajectoryMemory.seconds`` times the phases of an insert (``PHASES``).
 """
 
 from __future__ import annotations
