@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--store", required=True, help="LanceDB URI: a folder or s3://bucket/prefix")
     parser.add_argument("--workers", type=int, default=None,
                         help="collector actors (default: corpus_job.collectors)")
+    parser.add_argument("--writers", type=int, default=None,
+                        help="grouping writers, by scene (default: corpus_job.writers; memory/shards.py)")
     parser.add_argument("--seed", type=int, default=None, help="episode seed (default: episodes.seed)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
     parser.add_argument("--summary", default=None, help="also write the summary JSON here (a path or s3://... URI)")
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.overrides, seed=args.seed, workers=args.workers,
                                    progress=not args.json, ray_address=args.ray_address,
-                                   mixed_settings=args.mixed_settings)
+                                   mixed_settings=args.mixed_settings, writers=args.writers)
     except (UserError, ConfigError, FileNotFoundError, StoreError) as exc:
         print(f"build_corpus: error: {exc}", file=sys.stderr)
         return 2

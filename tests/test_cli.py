@@ -493,7 +493,7 @@ def test_help_shows_defaults_and_what_each_bench_measures(capsys):
     assert {line.split()[0] for line in bench.splitlines() if line.startswith("  ") and not line.startswith("   ")} \
         >= set(BENCHES)  # one entry per bench
     bench = " ".join(bench.split())  # argparse wraps the options' help
-    assert "--quick: 100 steps" in bench and "read by the scale and experience benches only" in bench
+    assert "--quick: 100 steps" in bench and "read by the scale, experience, store and build benches only" in bench
     build = " ".join(help_of("corpus", "build").split())
     assert "default: mix" in build and "distributed/corpus.py); default: 0" in build
     assert "no Ray); default: 0" in " ".join(help_of("value", "fit").split())

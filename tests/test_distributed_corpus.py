@@ -109,6 +109,24 @@ def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_sess
     assert sorted(walks) == sorted(planned) and summary["walks_with_value_decisions"] == len(planned)
 
 
+@pytest.mark.slow  # a Ray build with a crash, then a one-process build
+def test_sharded_writers_build_exactly_once_through_a_writer_crash_as_one_process_does(ray_session, tmp_path,
+                                                                                      planned):
+    # One collector and two half-CPU shard actors fit the session's 2 CPUs.
+    overrides = [*TINY, "corpus_job.shard_num_cpus=0.5"]
+    marker = tmp_path / "writer-crashed"
+    summary = build_corpus_ray(SCENES, PER_SCENE, POLICY, str(tmp_path / "store"), overrides, workers=1,
+                               progress=False, writers=2,
+                               faults=FaultPlan(str(marker), writer_exit_after_commits=1))
+    assert marker.exists() and summary["faults"]["writer_failures"] >= 1
+    assert summary["decisions"].get("duplicate", 0) >= 1
+    assert_exactly_once(tmp_path / "store", planned)
+    from trajrag.cli.corpus import build_corpus
+
+    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), TINY, progress=False, writers=2)
+    assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
+
+
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
     from trajrag.cli import main
     from trajrag.cli.corpus import build_corpus

@@ -50,6 +50,7 @@ SECTIONS: dict[str, str] = {
     "encoder": "trajrag.encoder:EncoderConfig",
     "corpus_job": "trajrag.distributed.corpus:CorpusJobConfig",
     "pipeline_bench": "trajrag.bench.pipeline:PipelineBenchConfig",
+    "build_bench": "trajrag.bench.build:BuildBenchConfig",
     "scale_bench": "trajrag.bench.scale:ScaleBenchConfig",
     "experience_bench": "trajrag.bench.experience:ExperienceBenchConfig",
     "llm": "trajrag.planners.llm:LLMConfig",

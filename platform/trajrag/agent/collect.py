@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 from trajrag import config
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.map_builder import MapBuilder, RecordingAgent
+from trajrag.memory.grouping import chunk_description
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.interface import Action, Observations
@@ -156,6 +157,8 @@ class Collector:
             self.recorder.start(scene, episode)
         result = run_episode(self.sim, agent, episode, scene)
         trajectory = agent.topo_trajectory(success=result.metrics.success, with_place=True)
+        # The chunk text is made here, not by the memory's single writer (memory.grouping).
+        trajectory.description = chunk_description(trajectory)
         decisions = None
         if recording:
             from trajrag.planners.frontier_value import decisions_to_bytes

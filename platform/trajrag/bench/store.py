@@ -1,4 +1,5 @@
-"""``trajrag bench store``: insert latency of the TrajRAG memory at 1k, 10k and 100k chunks.
+"""``trajrag bench store``: insert latency of the TrajRAG memory at 1k, 10k and 100k chunks
+(``--chunks N``: and at N, e.g. 350000), and where an insert's time goes.
 
 The workload is synthetic topo-polar trajectories that look like the real ones (5-30 junction
 nodes ~1.5-2.5 m apart on a house-sized graph, 12-sector vectors with walls, open space, objects
@@ -7,9 +8,16 @@ heading) with position jitter and label noise, so that every insert exercises th
 prefilter, matching, redundancy, merge or new group, commit. Scenes arrive with the corpus (one
 scene per ``chunks_per_scene`` trajectories), as when a collector fleet covers more homes.
 
-The store is grown with ``insert_many`` (batched commits) to each size, then ``timing_inserts``
-single ``insert`` calls are timed there, each one a full LanceDB commit. ``bytes_per_chunk`` is
-the chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
+The store is grown with ``insert_many`` (batched commits, as the corpus job's writer inserts) to
+each size (``batch_insert_cpu_ms_per_traj_*``: the process's CPU time per trajectory, which a
+shared machine's load does not inflate), then ``timing_inserts`` single ``insert`` calls are
+timed there, each one a full LanceDB commit (``insert_ms_*``), and as many inserts that join one
+batch committed after them
+(``batched_insert_ms_*``: the writer's cost per trajectory, the batch's commit spread over it in
+``batched_commit_ms_per_traj_*``). ``profile_ms_per_traj_SIZE`` splits the growth to that size by
+the phases of ``memory.grouping.PHASES`` (ms per trajectory; ``describe`` is part of ``prepare``,
+and the rest of a trajectory's time is bookkeeping outside them). ``bytes_per_chunk`` is the
+chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
 
 Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects. The generators here
 (``synthetic_scene``, ``synthetic_trajectory``, ``perturb``) are also used by the memory tests.
@@ -32,6 +40,7 @@ import math
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -221,6 +230,22 @@ def perturb(traj: TopoPolarTrajectory, rng: np.random.Generator, *, theta: float
     return moved, R.T, -R.T @ t
 
 
+def _size_name(chunks: int) -> str:
+    """350000 -> '350k' (the suffix of the JSON keys)."""
+    return f"{chunks // 1000}k" if chunks % 1000 == 0 else str(chunks)
+
+
+def _timed_inserts(memory, work: "_Workload", n: int, *, commit: bool) -> list[float]:
+    """ms of each of ``n`` inserts (each committed, or left pending for one later commit)."""
+    times = []
+    for _ in range(n):
+        traj = work.next()
+        t0 = time.perf_counter()
+        memory.insert(traj, commit=commit)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 class _Workload:
     """Trajectories for a growing corpus: scene ``s`` appears after ``s * chunks_per_scene`` draws."""
 
@@ -242,12 +267,16 @@ class _Workload:
 def run(args: argparse.Namespace) -> dict:
     """Grow a store to each size, time single inserts there; returns the JSON-able results."""
     from trajrag.config import load
-    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.grouping import PHASES, TrajectoryMemory
     from trajrag.memory.stats import corpus_stats
 
     quick = bool(getattr(args, "quick", False))
     cfg = load("memory", getattr(args, "overrides", []) or [])
-    sizes = _QUICK_SIZES if quick else _SIZES
+    sizes = dict(_QUICK_SIZES if quick else _SIZES)
+    largest = getattr(args, "chunks", None)
+    if largest:
+        sizes = {name: size for name, size in sizes.items() if size < largest}
+        sizes[_size_name(largest)] = largest
     timing_inserts = _QUICK_TIMING_INSERTS if quick else _TIMING_INSERTS
     verbose = not getattr(args, "json", False)
     root = work_dir(args, "trajrag-bench-store-")
@@ -257,28 +286,38 @@ def run(args: argparse.Namespace) -> dict:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
         work = _Workload(cfg.seed, _CHUNKS_PER_SCENE)
         for name, size in sizes.items():
-            start, grown = time.perf_counter(), 0
-            while memory.n_chunks < size - timing_inserts:
-                need = size - timing_inserts - memory.n_chunks
-                memory.insert_many([work.next() for _ in range(min(need, cfg.batch_size))])
-                grown += min(need, cfg.batch_size)
+            start, cpu, grown, before = time.perf_counter(), time.process_time(), 0, Counter(memory.seconds)
+            while memory.n_chunks < size - 2 * timing_inserts:
+                need = size - 2 * timing_inserts - memory.n_chunks
+                batch = [work.next() for _ in range(min(need, cfg.batch_size))]
+                grown += len(batch)
+                memory.insert_many(batch)
             if grown:
                 out[f"batch_insert_ms_per_traj_{name}"] = round(
                     (time.perf_counter() - start) * 1e3 / grown, 3)
+                out[f"batch_insert_cpu_ms_per_traj_{name}"] = round(
+                    (time.process_time() - cpu) * 1e3 / grown, 3)
+                out[f"profile_ms_per_traj_{name}"] = {
+                    phase: round((memory.seconds[phase] - before[phase]) * 1e3 / grown, 3)
+                    for phase in PHASES}
             out[f"fs_write_rename_ms_{name}"] = write_rename_ms(root)
-            times = []
-            for _ in range(timing_inserts):
-                traj = work.next()
-                t0 = time.perf_counter()
-                memory.insert(traj)
-                times.append((time.perf_counter() - t0) * 1e3)
-            out[f"insert_ms_p50_{name}"] = round(float(np.percentile(times, 50)), 3)
-            out[f"insert_ms_p95_{name}"] = round(float(np.percentile(times, 95)), 3)
+            single = _timed_inserts(memory, work, timing_inserts, commit=True)
+            batched = _timed_inserts(memory, work, timing_inserts, commit=False)
+            t0 = time.perf_counter()
+            memory.flush()
+            out[f"insert_ms_p50_{name}"] = round(float(np.percentile(single, 50)), 3)
+            out[f"insert_ms_p95_{name}"] = round(float(np.percentile(single, 95)), 3)
+            out[f"batched_insert_ms_p50_{name}"] = round(float(np.percentile(batched, 50)), 3)
+            out[f"batched_insert_ms_p95_{name}"] = round(float(np.percentile(batched, 95)), 3)
+            out[f"batched_commit_ms_per_traj_{name}"] = round(
+                (time.perf_counter() - t0) * 1e3 / timing_inserts, 3)
             out[f"groups_{name}"] = memory.n_groups
             out[f"chunks_{name}"] = memory.n_chunks
             if verbose:
                 print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, "
-                      f"p50 {out[f'insert_ms_p50_{name}']} ms", flush=True)
+                      f"p50 {out[f'insert_ms_p50_{name}']} ms, batched "
+                      f"{out[f'batched_insert_ms_p50_{name}']} ms, growth ms per trajectory by "
+                      f"phase {out.get(f'profile_ms_per_traj_{name}')}", flush=True)
         memory.store.compact(cfg.keep_versions)
         stats = corpus_stats(memory.store)
         out.update({"bytes_per_chunk": round(stats["bytes_per_chunk"], 1),

@@ -18,6 +18,8 @@ BENCHES: dict[str, str] = {
     "encoder": "trajrag.bench.encoder:run",
     # corpus_traj_per_s_1/_2, eval_episodes_per_h_1/_2, serve_ms_p50/_p99 (the Ray jobs, issue 7)
     "pipeline": "trajrag.bench.pipeline:run",
+    # trajectories/s into the memory with 1 and N grouping writers (issue 51)
+    "build": "trajrag.bench.build:run",
     # LanceDB store of --chunks N chunks: size, fine-stage ANN latency and recall@10 (issue 7)
     "scale": "trajrag.bench.scale:run",
     # the retrieved-experience lookup per decision on --chunks N past candidates, LanceDB vs numpy
@@ -41,13 +43,18 @@ tests).
   topo        navigator ms per step and topo-polar conversion (4 val homes x 2
               episodes); --quick: 1 home x 1 episode
   store       memory insert latency at 1k, 10k and 100k chunks (200 timed
-              inserts); --quick: 1k and 2k chunks, 50 inserts
+              inserts, each committed and batched) and where it goes;
+              --chunks N: up to N (e.g. 350000); --quick: 1k and 2k chunks, 50
+              inserts
   mapping     per-step ms of the map stack on one core (500 steps);
               --quick: 60 steps
   encoder     Ray Train pairs/s with 1 and 2 workers (encoder.bench: trajectories,
               epochs); --quick: 256 trajectories, 1 timed epoch
   pipeline    corpus trajectories/s, evaluation episodes/h and Serve decision
               latency (configs/pipeline_bench.yaml); --quick: its quick_* keys
+  build       trajectories/s the grouping writer(s) take, 1 and 2 writers, fed
+              pre-collected trajectories up to build_bench.chunks (--chunks N:
+              also N); --quick: build_bench.quick_chunks
   scale       fine-stage ANN latency and recall@10 on a store of --chunks N chunks
               (scale_bench.chunks); --quick: scale_bench.quick_chunks
   experience  retrieved-experience lookup per decision on --chunks N past
@@ -68,8 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON only (no progress output)")
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests (sizes above)")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
-                        help="corpus size, read by the scale and experience benches only (default: "
-                             "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick)")
+                        help="corpus size, read by the scale, experience, store and build benches only (default: "
+                             "scale_bench.chunks / experience_bench.rows, or their quick_* with --quick; "
+                             "store: the largest size, 100k)")
     parser.add_argument("--workdir", default=None, metavar="DIR",
                         help="folder for the temporary stores of store, scale and experience "
                              "(default: the system temp folder; a tmpfs such as /dev/shm leaves "

@@ -20,6 +20,10 @@ from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import SCENES_HELP
 
 
+_WRITERS_HELP = ("grouping writers, each holding the groups of a share of the scenes (memory/shards.py; "
+                 "1: the single writer); default: %(default)s")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("corpus", help="build and inspect the trajectory memory")
     corpus_sub = parser.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
@@ -45,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--workers", type=int, default=0,
                        help="collector actors on Ray (0: one process, no Ray; see distributed/corpus.py); "
                             "default: %(default)s")
+    build.add_argument("--writers", type=int, default=1, help=_WRITERS_HELP)
     build.add_argument("--ray-address", default=None,
                        help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
     add_override_arg(build)
@@ -77,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     regroup.add_argument("--store", required=True, help="source LanceDB URI (read only)")
     regroup.add_argument("--out", required=True, help="new LanceDB URI (must hold no chunks)")
     regroup.add_argument("--json", action="store_true", help="print one JSON object")
+    regroup.add_argument("--writers", type=int, default=1, help=_WRITERS_HELP)
     add_override_arg(regroup)
     regroup.set_defaults(func=regroup_command)
 
@@ -112,23 +118,26 @@ def build_command(args: argparse.Namespace) -> int:
     output_folder(args.store, "--store")
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
+    if args.writers < 1:
+        raise UserError(f"--writers must be >= 1, got {args.writers}")
     if args.workers >= 1:
         from trajrag.distributed.corpus import build_corpus_ray
 
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
-                                   args.overrides, seed=args.seed, workers=args.workers,
+                                   args.overrides, seed=args.seed, workers=args.workers, writers=args.writers,
                                    progress=not args.json, ray_address=args.ray_address,
                                    mixed_settings=args.mixed_settings)
         print(json.dumps(summary, indent=None if args.json else 2))
         return 0
     summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.overrides,
-                           seed=args.seed, progress=not args.json, mixed_settings=args.mixed_settings)
+                           seed=args.seed, progress=not args.json, writers=args.writers,
+                           mixed_settings=args.mixed_settings)
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
 
 
 def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, overrides=(), seed=None,
-                 progress: bool = True, mixed_settings: bool = False) -> dict:
+                 progress: bool = True, writers: int = 1, mixed_settings: bool = False) -> dict:
     """Collect + convert + insert in this process, the store claimed for the job
     (``claim_store``); returns counts, decisions, throughput and time per stage. A store whose
     walks were collected with other settings is refused unless ``mixed_settings``
@@ -148,21 +157,23 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
     with claim_store(store_uri, f"corpus build of {scene_spec}"):
         BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
-        return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started)
+        return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started, writers)
 
 
 def _collect_and_insert(scenes: list, episodes: list, policy: str, store_uri: str, overrides, progress: bool,
-                        started: float) -> dict:
+                        started: float, writers: int = 1) -> dict:
     """``build_corpus``'s work once the store is claimed: the episodes not yet stored, walked and
     inserted in plan order, a batch at a time."""
     from tqdm import tqdm
 
     from trajrag import config
     from trajrag.agent.collect import Collector, episode_policy, trajectory_id
-    from trajrag.memory.grouping import TrajectoryMemory
+    from trajrag.memory.shards import open_memory
     from trajrag.memory.value_log import ValueLog
 
-    memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+    # With several writers this process runs them one after another: the same memory as the Ray
+    # build with --writers, no faster.
+    memory = open_memory(store_uri, config.load("memory", overrides), writers)
     value_log = ValueLog(store_uri)
     collector = Collector(overrides)
     todo = [e for e in episodes if not memory.known(
@@ -219,7 +230,10 @@ def regroup_command(args: argparse.Namespace) -> int:
 
     output_folder(args.out, "--out")
     start = time.perf_counter()
-    replayed = regroup(args.store, args.out, config.load("memory", args.overrides), progress=not args.json)
+    if args.writers < 1:
+        raise UserError(f"--writers must be >= 1, got {args.writers}")
+    replayed = regroup(args.store, args.out, config.load("memory", args.overrides), progress=not args.json,
+                       writers=args.writers)
     seconds = time.perf_counter() - start
     summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
                "seconds": round(seconds, 2)}

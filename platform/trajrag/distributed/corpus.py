@@ -15,6 +15,9 @@ a Ray cluster:
   ``CONVERSION_STAYS_IN_THE_COLLECTOR``.
 * **Insert.** One ``GroupingWriter`` actor holds the ``memory.grouping.TrajectoryMemory`` (the
   memory is single-writer) and inserts a batch per call: one ``insert_many``, one LanceDB commit.
+  With ``writers`` > 1 (``--writers N``) it is the committer of N ``ShardGrouper`` actors that
+  group a share of the scenes each, in parallel (``memory.shards``): still one store, one commit
+  per batch.
   Trajectories reach it in plan order, whatever order the collectors finish them in: grouping
   depends on the order of insertion, so one plan builds one memory, with any number of
   collectors and through crashes.
@@ -88,6 +91,8 @@ class CorpusJobConfig:
     parallel_plan_min_scenes: int
     collector_num_cpus: float
     writer_num_cpus: float
+    writers: int
+    shard_num_cpus: float
     poll_s: float
 
 
@@ -178,19 +183,72 @@ class CollectorWorker:
         return True
 
 
+class ShardGrouper:
+    """A grouping shard's actor (``memory.shards``): decides the trajectories of its scenes and
+    hands the rows to its ``GroupingWriter``, which commits; it loads its state from the store."""
+
+    def __init__(self, store_uri: str, overrides: Sequence[str], index: int, count: int) -> None:
+        from trajrag import config
+        from trajrag.memory.grouping import MemoryShard
+        from trajrag.memory.shards import open_shard
+
+        self.memory = open_shard(store_uri, config.load("memory", overrides), MemoryShard(index, count))
+
+    def decide_many(self, trajs: list, labels: list[str]) -> tuple:
+        return self.memory.decide_many(trajs, labels)
+
+    def reload(self) -> None:
+        self.memory.reload()
+
+    def ping(self) -> bool:
+        return True
+
+
+def _actor_shards(store_uri: str, overrides: Sequence[str], count: int, num_cpus: float) -> Any:
+    """``memory.shards.ShardedMemory`` with each shard in a ``ShardGrouper`` actor (they decide a
+    batch in parallel). A shard that fails takes its writer down with it (``os._exit``): the
+    restarted writer makes fresh shards from the store and the driver resends every batch it had
+    not acknowledged, in plan order, as after any writer crash; a writer that carried on would
+    run the batches queued behind the failed one first."""
+    from trajrag import config
+    from trajrag.memory.shards import ShardedMemory
+
+    grouper = ray.remote(ShardGrouper).options(num_cpus=num_cpus, max_restarts=0)
+
+    class ActorShards(ShardedMemory):
+        def _make_shard(self, shard):
+            return grouper.remote(store_uri, list(overrides), shard.index, shard.count)
+
+        def _decide(self, labels, parts):
+            try:
+                return ray.get([s.decide_many.remote(p, labels) for s, p in zip(self.shards, parts)])
+            except RayError:
+                os._exit(1)
+
+        def _reload_shards(self):
+            ray.get([s.reload.remote() for s in self.shards])
+
+    memory = ActorShards(store_uri, config.load("memory", overrides), count)
+    ray.get([shard.ping.remote() for shard in memory.shards])  # up (and loaded) before the first batch
+    return memory
+
+
 class GroupingWriter:
-    """The grouping actor: the single writer of the memory at ``store_uri``.
+    """The grouping actor: the single writer of the memory at ``store_uri`` (with ``writers`` > 1
+    the committer of that many shard actors).
 
     Its state (summaries, known ids) is loaded from the store at construction, so a restarted
     writer continues where the last commit left off.
     """
 
-    def __init__(self, store_uri: str, overrides: Sequence[str], fault: FaultPlan | None = None) -> None:
+    def __init__(self, store_uri: str, overrides: Sequence[str], fault: FaultPlan | None = None,
+                 writers: int = 1, shard_num_cpus: float = 1.0) -> None:
         from trajrag import config
         from trajrag.memory.grouping import TrajectoryMemory
         from trajrag.memory.value_log import ValueLog
 
-        self.memory = TrajectoryMemory(store_uri, config.load("memory", overrides))
+        self.memory = (TrajectoryMemory(store_uri, config.load("memory", overrides)) if writers == 1
+                       else _actor_shards(store_uri, overrides, writers, shard_num_cpus))
         self.value_log = ValueLog(store_uri)
         self.fault = fault
         self.commits = 0
@@ -557,7 +615,8 @@ class _Actors:
         self.made: list[Any] = []
 
     def writer(self) -> Any:
-        return self._keep(self.writer_cls.remote(self.store_uri, self.overrides, self.faults))
+        return self._keep(self.writer_cls.remote(self.store_uri, self.overrides, self.faults,
+                                                 self.cfg.writers, self.cfg.shard_num_cpus))
 
     def collector(self) -> Any:
         return self._keep(self.collector_cls.remote(self.policy, self.overrides,
@@ -576,10 +635,10 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
                      overrides: Sequence[str] = (), seed: int | None = None,
                      workers: int | None = None, progress: bool = True,
                      ray_address: str | None = None, faults: FaultPlan | None = None,
-                     mixed_settings: bool = False) -> dict:
-    """Collect + convert + insert on Ray with ``workers`` collectors (default: corpus_job.collectors).
-    A store whose walks were collected with other settings is refused unless ``mixed_settings``
-    (``memory.build_settings``).
+                     writers: int | None = None, mixed_settings: bool = False) -> dict:
+    """Collect + convert + insert on Ray with ``workers`` collectors (default: corpus_job.collectors)
+    and ``writers`` grouping writers (default: corpus_job.writers). A store whose walks were
+    collected with other settings is refused unless ``mixed_settings`` (``memory.build_settings``).
 
     Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
     per-actor times and what the fault handling did. Uses the running Ray if there is one, else
@@ -595,14 +654,18 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     started = time.perf_counter()
     cfg: CorpusJobConfig = config.load("corpus_job", overrides)
     cfg.collectors = cfg.collectors if workers is None else int(workers)
+    cfg.writers = cfg.writers if writers is None else int(writers)
     if cfg.collectors < 1:
         raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
+    if cfg.writers < 1:
+        raise UserError(f"the Ray corpus build needs at least 1 writer, got {cfg.writers}")
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     scenes = load_scenes(scene_spec, overrides)  # a bad spec or file fails here, before a cluster starts
     with claim_store(store_uri, f"Ray corpus build of {scene_spec}"):  # and a second build of the store
         BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
-        own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus))
+        own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus
+                                              + (cfg.writers > 1) * cfg.writers * cfg.shard_num_cpus))
         actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
         try:
             return _build(cfg, actors, scenes, scene_spec, per_scene, policy, list(overrides), seed, progress,

@@ -43,17 +43,21 @@ the inlier thresholds.
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
 nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory
-state follows each decision, so later trajectories of a batch see the earlier ones.
+state follows each decision, so later trajectories of a batch see the earlier ones. Several
+writers, each the groups of a share of the scenes (``MemoryShard``), over one store:
+``memory.shards``. ``TrajectoryMemory.seconds`` times the phases of an insert (``PHASES``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -68,8 +72,10 @@ from trajrag.memory.matching import (
     VerifierConfig,
     implied_shift,
     match,
+    match_similarity,
     pose_evidence,
     rotate_sectors,
+    sector_similarity_batch,
 )
 from trajrag.memory.store import (
     CHUNKS, DECISIONS, MAP_COLUMNS, Batch, MemoryStore, StoreError, label_categories)
@@ -81,6 +87,10 @@ from trajrag.topo.trajectory import TopoPolarTrajectory
 MAX_LABEL = 127
 # memory.summary_geometry: summaries of the walked nodes (the paper) or of the walks' maps.
 GEOMETRY_WALK, GEOMETRY_MAP = "walk", "map"
+# The phases of an insert that ``TrajectoryMemory.seconds`` times: validation and label mapping,
+# the chunk text L(T_tp), the prefilter's vote, Eq. 8 against the candidates, mutual KNN + RANSAC
+# + edge support per candidate, the decision's summary and index updates, the LanceDB commit.
+PHASES = ("prepare", "describe", "candidates", "similarity", "geometry", "update", "commit")
 
 
 @dataclass
@@ -139,6 +149,19 @@ class TopoPolarLike(Protocol):
     categories: Sequence[str]
     goal: str
     reference_yaw: float  # radians
+
+
+@dataclass(frozen=True)
+class MemoryShard:
+    """One of ``count`` grouping writers' part of a memory (``memory.shards``): the groups whose
+    id is ``index`` modulo ``count``, since each writer numbers its new groups so. The single
+    writer is shard 0 of 1."""
+
+    index: int
+    count: int
+
+    def holds(self, group_id: int) -> bool:
+        return group_id % self.count == self.index
 
 
 @dataclass
@@ -247,6 +270,15 @@ def trajectory_key(traj: Any, policy: str | None = None) -> str:
     return "/".join(parts + ([str(policy)] if policy else []))
 
 
+def chunk_description(traj: TopoPolarLike) -> str:
+    """L(T_tp), the paper's chunk text (~85 bytes a node; the encoder stage may re-derive it).
+    The memory writes it unless the trajectory carries it (``traj.description``): collectors
+    attach it, since it costs the single writer as much as a quarter of an insert."""
+    return describe(TopoPolarTrajectory(
+        np.asarray(traj.node_xy, dtype=np.float64), np.asarray(traj.sectors), tuple(traj.categories),
+        str(traj.goal), float(traj.reference_yaw), success=bool(_attr(traj, ("success",), False))))
+
+
 def is_subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
     """``short`` appears in ``long`` in the same order (not necessarily contiguous)."""
     it = iter(long)
@@ -266,6 +298,21 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class _SeededDraws:
+    """The per-trajectory RANSAC generator, seeded on its first draw: most matches have few
+    enough pairs to try them all and draw nothing, and seeding costs ~0.3 ms (as much as a
+    small match). Draws are those of ``np.random.default_rng(seed)``."""
+
+    def __init__(self, seed: list[int]) -> None:
+        self._seed = seed
+        self._rng: np.random.Generator | None = None
+
+    def integers(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
+        return self._rng.integers(*args, **kwargs)
+
+
 class TrajectoryMemory:
     """The hierarchical TrajRAG memory over a ``MemoryStore`` (single writer).
 
@@ -274,7 +321,8 @@ class TrajectoryMemory:
     the store at construction and after ``rollback``.
     """
 
-    def __init__(self, store: MemoryStore | str, cfg: MemoryConfig) -> None:
+    def __init__(self, store: MemoryStore | str, cfg: MemoryConfig,
+                 shard: MemoryShard = MemoryShard(0, 1)) -> None:
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), embedding_dim=cfg.embedding_dim)
         if cfg.summary_geometry not in (GEOMETRY_WALK, GEOMETRY_MAP):
@@ -282,17 +330,28 @@ class TrajectoryMemory:
                              f"got {cfg.summary_geometry!r}")
         self.store = store
         self.cfg = cfg
+        self.shard = shard
         self.params = cfg.match_params()
         # With the verifier on, or an ``on_match`` observer, inserts match down to the
         # verifier's inlier floor; whether a match is accepted is the verifier's call when it
         # is on, else the thresholds'.
         self._floor_params = replace(self.params, min_inliers=min(cfg.min_inliers, cfg.verifier.min_inliers))
         self._commits = 0
+        # Seconds spent in each of PHASES since construction (``trajrag bench store`` reports them).
+        self.seconds: Counter[str] = Counter()
         # Called with (prepared trajectory, group id, match) for every candidate an insert
         # matches, before it decides (``memory.verifier`` collects its training evidence so).
         self.on_match: Callable[[_Prepared, int, MatchResult], None] | None = None
         self._reset_pending()
         self.reload()
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
 
     # -- state -------------------------------------------------------------------------------
 
@@ -301,7 +360,8 @@ class TrajectoryMemory:
         self._pending_groups: set[int] = set()
 
     def reload(self) -> None:
-        """(Re)load the in-memory state from the store's latest versions."""
+        """(Re)load the in-memory state from the store's latest versions (of a shard: its groups,
+        and the ids of every chunk)."""
         self._reset_pending()
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
@@ -318,6 +378,8 @@ class TrajectoryMemory:
                        np.asarray(row["edges"], dtype=np.int64).reshape(-1, 2)},
                 reference_yaw=float(row["reference_yaw"]), n_members=0,
                 scene_hints=list(row["scene_hints"] or []), goals=list(row["goals"] or []))
+            if not self.shard.holds(summary.group_id):
+                continue
             self.summaries[summary.group_id] = summary
             self.index.set_group(summary.group_id, summary.sectors)
         redundant = self.store.read(DECISIONS, ["trajectory_id"], where="action = 'redundant'")
@@ -334,6 +396,8 @@ class TrajectoryMemory:
                 nodes = aliases[gid].node_map[np.asarray(nodes, dtype=np.int64)].tolist()
                 gid = aliases[gid].group_id
             self._chunk_ids.add(tid)
+            if not self.shard.holds(gid):
+                continue
             self._add_member(gid, goal, tid, collapse_repeats(nodes))
             if gid in self.summaries:
                 self.summaries[gid].n_members += 1
@@ -341,7 +405,8 @@ class TrajectoryMemory:
         self._next_seq = max(decisions.column("seq").to_pylist(), default=-1) + 1
         # Fused groups leave no summary; their ids stay in the log and are never reused.
         used = [g for g in decisions.column("group_id").to_pylist() if g is not None]
-        self._next_group = max([*self.summaries, *aliases, *used], default=-1) + 1
+        after = max([*self.summaries, *aliases, *used], default=-1) + 1
+        self._next_group = after + (self.shard.index - after) % self.shard.count  # the shard's next
 
     def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
         self._members.setdefault(gid, {}).setdefault(goal, []).append(
@@ -417,9 +482,10 @@ class TrajectoryMemory:
         mapped = _to_store_labels(sectors, lut)
         success = bool(_attr(traj, ("success",), False))
         if description is None:
-            # L(T_tp), the paper's chunk text (~85 bytes a node); the encoder stage may re-derive it.
-            description = _attr(traj, ("description",)) or describe(TopoPolarTrajectory(
-                xy, sectors, categories, goal, ref, success=success))
+            description = _attr(traj, ("description",))
+        if description is None:
+            with self._timed("describe"):
+                description = chunk_description(traj)
         place = self._map_geometry(traj, xy, lut, ref)
         if isinstance(place, str):
             return place
@@ -464,17 +530,19 @@ class TrajectoryMemory:
         """The prefilter's candidate group ids, best first (``sectors`` in store label ids)."""
         return self.index.candidates(sectors, self.cfg.candidates, self.cfg.prefilter_neighbours)
 
-    def _rng(self, tid: str) -> np.random.Generator:
+    def _rng(self, tid: str) -> _SeededDraws:
         # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
-        return np.random.default_rng([self.cfg.seed, zlib.crc32(tid.encode())])
+        return _SeededDraws([self.cfg.seed, zlib.crc32(tid.encode())])
 
-    def match_group(self, prep: _Prepared, group_id: int) -> MatchResult:
-        """Match ``prep`` against one group; with ``memory.verifier`` on, the verifier accepts."""
+    def match_group(self, prep: _Prepared, group_id: int, sim_all: np.ndarray) -> MatchResult:
+        """Match ``prep`` against one group given their sector similarities at every shift
+        (``matching.sector_similarity_batch``); with ``memory.verifier`` on, the verifier accepts."""
         summary = self.summaries[group_id]
         verifier = self.cfg.verifier
-        if not verifier.enabled and self.on_match is None:
-            return match(prep.geometry, summary, self.params, self._rng(prep.trajectory_id))
-        result = match(prep.geometry, summary, self._floor_params, self._rng(prep.trajectory_id))
+        params = self.params if not verifier.enabled and self.on_match is None else self._floor_params
+        result = match_similarity(prep.geometry, summary, sim_all, params, self._rng(prep.trajectory_id))
+        if params is self.params:
+            return result
         if not verifier.enabled:
             return replace(result, accepted=result.accepted and result.n_inliers >= self.cfg.min_inliers)
         verified = (result.transform is not None and result.n_inliers >= verifier.min_inliers
@@ -488,7 +556,12 @@ class TrajectoryMemory:
 
     def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
         """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
-        found = [(gid, self.match_group(prep, gid)) for gid in self.candidates(prep.geometry.sectors)]
+        with self._timed("candidates"):
+            groups = self.candidates(prep.geometry.sectors)
+        with self._timed("similarity"):
+            sims = sector_similarity_batch(prep.geometry.sectors, [self.summaries[g].sectors for g in groups])
+        with self._timed("geometry"):
+            found = [(gid, self.match_group(prep, gid, sim)) for gid, sim in zip(groups, sims)]
         if self.on_match is not None:
             for gid, result in found:
                 self.on_match(prep, gid, result)
@@ -554,7 +627,7 @@ class TrajectoryMemory:
 
     def _new_group(self, prep: _Prepared) -> Decision:
         gid = self._next_group
-        self._next_group += 1
+        self._next_group += self.shard.count
         geo = prep.geometry
         edges = {(min(a, b), max(a, b)) for a, b in geo.edges.tolist() if a != b}
         summary = Summary(gid, geo.node_xy.copy(), geo.sectors.copy(),
@@ -689,11 +762,18 @@ class TrajectoryMemory:
             return self._record(Decision("", "rejected", reason=str(exc)))
         if self.known(tid):
             return Decision(tid, "duplicate", reason="trajectory id already in the store")
-        prep = self._prepare(traj, tid, description, policy)
+        with self._timed("prepare"):
+            prep = self._prepare(traj, tid, description, policy)
         if isinstance(prep, str):
             self._rejected_ids.add(tid)
             return self._record(Decision(tid, "rejected", reason=prep))
         matches = self._accepted_matches(prep)
+        with self._timed("update"):
+            return self._apply(prep, matches)
+
+    def _apply(self, prep: _Prepared, matches: list[tuple[int, MatchResult]]) -> Decision:
+        """The decision for ``prep`` given its accepted matches, best first: a new group, or a
+        merge (or redundant) into the best, fusing the others into it."""
         if not matches:
             return self._new_group(prep)
         gid, result = matches[0]
@@ -757,21 +837,36 @@ class TrajectoryMemory:
         self.flush()
         return decisions
 
+    def decide_many(self, trajs: Iterable[TopoPolarLike], labels: Iterable[str] = ()) -> tuple[
+            list[Decision], Batch]:
+        """A shard's part of a sharded insert (``memory.shards``): ``labels`` (every category
+        name of the whole batch, in plan order, so that all shards number new labels alike) join
+        the vocabulary, then ``trajs`` are decided; returns the decisions and the rows to commit."""
+        self._label_lut(list(labels))
+        decisions = [self._decide(traj, None, None, None) for traj in trajs]
+        return decisions, self.take_batch()
+
+    def take_batch(self) -> Batch:
+        """The pending rows as one batch (``flush`` commits it; a sharded build's committer
+        merges every shard's); nothing is pending after."""
+        batch = self._pending
+        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
+        self._reset_pending()
+        return batch
+
     def flush(self) -> None:
         """Commit pending rows. On failure the store is rolled back and the state reloaded."""
         if not self._pending and not self._pending_groups:
             return
-        batch = self._pending
-        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
-        try:
-            self.store.commit(batch)
-        except StoreError:
-            self.reload()
-            raise
-        self._reset_pending()
-        self._commits += 1
-        if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
-            self.store.compact(self.cfg.keep_versions)
+        with self._timed("commit"):
+            try:
+                self.store.commit(self.take_batch())
+            except StoreError:
+                self.reload()
+                raise
+            self._commits += 1
+            if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
+                self.store.compact(self.cfg.keep_versions)
 
     def _summary_row(self, s: Summary) -> dict:
         edges = np.asarray(sorted(s.edges), dtype=np.int32).reshape(-1, 2)

@@ -24,9 +24,10 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -140,6 +141,10 @@ def rotate_sectors(sectors: np.ndarray, shift: int) -> np.ndarray:
     return np.roll(sectors, shift, axis=-1)
 
 
+# rolled[k, i, s] = A[i, (s - k) % 12] == np.roll(A[i], k)[s]: A[:, _ROLL_INDEX] is (n, 12, 12).
+_ROLL_INDEX = (np.arange(N_SECTORS)[None, :] - np.arange(N_SECTORS)[:, None]) % N_SECTORS
+
+
 def _one_hot(sectors: np.ndarray, values: np.ndarray) -> np.ndarray:
     """(..., 12) labels -> (..., 12 * V) float32 one-hot over ``values`` (UNKNOWN excluded)."""
     hot = sectors[..., None] == values
@@ -162,14 +167,35 @@ def sector_similarity_all(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     values = values[values != UNKNOWN]
     if n == 0 or m == 0 or len(values) == 0:
         return np.zeros((N_SECTORS, n, m), dtype=np.float32)
-    shifts = np.arange(N_SECTORS)
-    # rolled[k, i, s] = A[i, (s - k) % 12] == np.roll(A[i], k)[s]
-    idx = (np.arange(N_SECTORS)[None, :] - shifts[:, None]) % N_SECTORS
-    rolled = A[:, idx].transpose(1, 0, 2)  # (12, n, 12)
+    rolled = A[:, _ROLL_INDEX].transpose(1, 0, 2)  # (12, n, 12)
     left = _one_hot(rolled, values).reshape(N_SECTORS * n, -1)
     right = _one_hot(B, values)
     counts = (left @ right.T).reshape(N_SECTORS, n, m)
     return counts / np.float32(N_SECTORS)
+
+
+def sector_similarity_batch(A: np.ndarray, Bs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``sector_similarity_all(A, B)`` for every B of ``Bs`` (a trajectory against its candidate
+    summaries) with one matmul: (12, n, m_i) float32 each, equal to the bit. The counts are sums
+    of 0/1 products (at most 12), exact in float32 whatever the summation order, and labels
+    that only some of the inputs hold add zeros."""
+    A = np.asarray(A)
+    Bs = [np.asarray(B) for B in Bs]
+    if not Bs:
+        return []
+    if A.ndim != 2 or A.shape[1] != N_SECTORS or any(B.ndim != 2 or B.shape[1] != N_SECTORS for B in Bs):
+        raise ValueError(f"sector arrays must be (n, {N_SECTORS}) and (m, {N_SECTORS}), "
+                         f"got {A.shape} and {[B.shape for B in Bs]}")
+    n, sizes = len(A), [len(B) for B in Bs]
+    stacked = np.concatenate(Bs)
+    values = np.intersect1d(np.unique(A), np.unique(stacked))
+    values = values[values != UNKNOWN]
+    if n == 0 or len(stacked) == 0 or len(values) == 0:
+        return [np.zeros((N_SECTORS, n, m), dtype=np.float32) for m in sizes]
+    rolled = A[:, _ROLL_INDEX].transpose(1, 0, 2)  # (12, n, 12), as in sector_similarity_all
+    left = _one_hot(rolled, values).reshape(N_SECTORS * n, -1)
+    counts = (left @ _one_hot(stacked, values).T).reshape(N_SECTORS, n, -1) / np.float32(N_SECTORS)
+    return np.split(counts, np.cumsum(sizes)[:-1], axis=2)
 
 
 def sector_similarity(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -216,6 +242,14 @@ def _huber_weights(residual: np.ndarray, delta: float) -> np.ndarray:
     return np.where(residual <= delta, 1.0, delta / np.maximum(residual, 1e-12))
 
 
+@functools.lru_cache(maxsize=256)
+def _all_pairs(c: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(c, 1)``, kept: RANSAC asks for the same few sizes thousands of times."""
+    a, b = np.triu_indices(c, 1)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b
+
+
 def ransac_se2(
     P: np.ndarray,
     Q: np.ndarray,
@@ -247,7 +281,7 @@ def ransac_se2(
         return identity
     n_all = c * (c - 1) // 2
     if n_all <= iterations:
-        a, b = np.triu_indices(c, 1)
+        a, b = _all_pairs(c)
     else:
         a = rng.integers(0, c, size=iterations)
         b = (a + rng.integers(1, c, size=iterations)) % c
@@ -330,7 +364,16 @@ def match(traj: SectorNodes, summary: SectorNodes, params: MatchParams,
     requires at least ``min_inliers`` consistent pairs, an inlier ratio of at least ``min_score``
     and ``min_edge_support`` edges of the trajectory found again in the summary.
     """
-    sim_all = sector_similarity_all(traj.sectors, summary.sectors)
+    return match_similarity(traj, summary, sector_similarity_all(traj.sectors, summary.sectors),
+                            params, rng)
+
+
+def match_similarity(traj: SectorNodes, summary: SectorNodes, sim_all: np.ndarray,
+                     params: MatchParams, rng: Any) -> MatchResult:
+    """``match`` given ``sim_all = sector_similarity_all(traj.sectors, summary.sectors)`` (from
+    ``sector_similarity_batch`` when a trajectory meets several summaries). ``rng``: anything
+    with a numpy Generator's ``integers``, drawn from only when there are more pairs of
+    correspondences than ``ransac_iterations``."""
     S = sim_all.max(axis=0)
     pairs = mutual_knn(S, params.mutual_k, params.min_node_similarity)
     empty = np.zeros(len(pairs), dtype=bool)
@@ -678,16 +721,23 @@ class NodeIndex:
         so a node that looks like many others (a plain corridor) casts almost no vote while a
         distinctive one counts; a group takes its best vote from each query node.
         """
-        return rank_votes(self.node_votes(sectors, neighbours), n)
+        if not self._rows or len(sectors) == 0:
+            return []
+        return _ranked(*_top_votes(*self._similarities(sectors), neighbours), n)
 
     def node_votes(self, sectors: np.ndarray, neighbours: int) -> list[dict[int, float]]:
         """Per query node, its vote for each group (see ``candidates``); callers that see the
         same nodes again (a navigator re-deciding along one trajectory) can cache them."""
         if not self._rows or len(sectors) == 0:
             return [{} for _ in range(len(sectors))]
+        return _votes(*self._similarities(sectors), neighbours)
+
+    def _similarities(self, sectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Query nodes x searched nodes: descriptor similarities (-inf: padding) and the searched
+        nodes' groups (-1: none), per column (exact search) or per entry (inverted file)."""
         query = node_descriptors(sectors, self.dim)
         if self._centroids is None:
-            return _votes(query @ self._desc[: self._used].T, self._owner[: self._used], neighbours)
+            return query @ self._desc[: self._used].T, self._owner[: self._used]
         probes = min(self.ivf.probes, len(self._centroids))
         near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
         probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
@@ -697,16 +747,49 @@ class NodeIndex:
         owner = np.full((len(probed), width), -1, dtype=np.int64)
         for k, (sims, owners) in enumerate(probed):
             sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
-        return _votes(sim, owner, neighbours)
+        return sim, owner
 
 
 def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:
     """Per row of ``sim`` (query nodes x indexed nodes; -inf: no node there): the best vote for
     each group among the row's ``neighbours`` most similar nodes (see ``NodeIndex.candidates``).
     ``owner`` holds the indexed nodes' groups (-1: none), per column or per entry."""
+    groups, weights = _top_votes(sim, owner, neighbours)
+    votes = []
+    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
+        best: dict[int, float] = {}
+        for g, w in zip(q_owners, q_weights):
+            if g >= 0 and w > best.get(g, 0.0):
+                best[g] = w
+        votes.append(best)
+    return votes
+
+
+def _ranked(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:
+    """``rank_votes(_votes(...), n)`` from ``_top_votes``' arrays without a dict per query node,
+    to the bit: each group's votes (its best per query node) are summed in float64 in query
+    node order, as ``rank_votes`` adds them."""
+    rows = np.broadcast_to(np.arange(len(groups))[:, None], groups.shape).ravel()
+    groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
+    keep = (groups >= 0) & (weights > 0)
+    rows, groups, weights = rows[keep], groups[keep], weights[keep]
+    # The best vote of each (query node, group): sorted by node, group, vote descending.
+    order = np.lexsort((-weights, groups, rows))
+    rows, groups, weights = rows[order], groups[order], weights[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (groups[1:] != groups[:-1])
+    ids, dense = np.unique(groups[first], return_inverse=True)
+    scores = np.bincount(dense, weights=weights[first], minlength=len(ids))
+    ranked = np.lexsort((ids, -scores))[:n]
+    return ids[ranked].tolist()
+
+
+def _top_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``sim``: the groups of its ``neighbours`` most similar nodes and their votes
+    (sqrt of the margin over the next node), (rows, m) each; see ``_votes``."""
     total = sim.shape[1]
     if total == 0:
-        return [{} for _ in range(len(sim))]
+        return np.zeros((len(sim), 0), np.int64), np.zeros((len(sim), 0), np.float32)
     m = min(neighbours, total)
     if m < total:
         # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
@@ -721,14 +804,7 @@ def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int
         top = np.broadcast_to(np.arange(total), sim.shape)
         weights = np.sqrt(np.maximum(sim, 0.0))
     groups = owner[top] if owner.ndim == 1 else np.take_along_axis(owner, top, axis=1)
-    votes = []
-    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
-        best: dict[int, float] = {}
-        for g, w in zip(q_owners, q_weights):
-            if g >= 0 and w > best.get(g, 0.0):
-                best[g] = w
-        votes.append(best)
-    return votes
+    return groups, weights
 
 
 def rank_votes(votes: Iterable[dict[int, float]], n: int) -> list[int]:

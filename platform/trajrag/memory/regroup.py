@@ -26,6 +26,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from trajrag.memory.grouping import GEOMETRY_MAP, MemoryConfig, TrajectoryMemory
+from trajrag.memory.shards import ShardedMemory, open_memory
 from trajrag.memory.matching import N_SECTORS
 from trajrag.memory.store import (
     CHUNKS, DECISIONS, MAP_COLUMNS, MemoryStore, StoreError, label_categories)
@@ -81,9 +82,9 @@ def _trajectories(table: pa.Table, categories: tuple[str, ...],
             yield row, traj
 
 
-def replay(source_uri: str, memory: TrajectoryMemory, progress: bool = False) -> int:
+def replay(source_uri: str, memory: TrajectoryMemory | ShardedMemory, progress: bool = False) -> int:
     """Insert the chunks of ``source_uri`` (with their maps) into ``memory`` in the order they
-    were first inserted there; returns the number replayed."""
+    were first inserted there, ``memory.batch_size`` per commit; returns the number replayed."""
     source = MemoryStore(source_uri, read_only=True)
     if memory.cfg.summary_geometry == GEOMETRY_MAP and not source.keeps_maps:
         log.warning("regroup: %s was made before chunks kept their maps; "
@@ -92,21 +93,29 @@ def replay(source_uri: str, memory: TrajectoryMemory, progress: bool = False) ->
     rows = _trajectories(table, label_categories(source.vocabulary()))
     bar = tqdm(rows, total=table.num_rows, desc="regroup", unit="chunk", disable=not progress,
                file=sys.stderr)
-    for k, (row, traj) in enumerate(bar, start=1):
-        memory.insert(traj, trajectory_id=row["trajectory_id"], description=row["description"],
-                      policy=row["policy"], commit=k % memory.cfg.batch_size == 0)
-    memory.flush()
+    batch = []
+    for row, traj in bar:
+        # Keyed, described and attributed as stored (memory.grouping reads these attributes).
+        traj.trajectory_id, traj.description, traj.policy = (
+            row["trajectory_id"], row["description"], row["policy"] or "")
+        batch.append(traj)
+        if len(batch) == memory.cfg.batch_size:
+            memory.insert_many(batch)
+            batch = []
+    if batch:
+        memory.insert_many(batch)
     return table.num_rows
 
 
 def regroup(source_uri: str, target_uri: str, cfg: MemoryConfig,
-            progress: bool = False) -> int:
-    """Replay the chunks of ``source_uri`` into a new store at ``target_uri`` grouped with ``cfg``.
+            progress: bool = False, writers: int = 1) -> int:
+    """Replay the chunks of ``source_uri`` into a new store at ``target_uri`` grouped with ``cfg``
+    (by ``writers`` shards, ``memory.shards``).
 
     Returns the number of chunks replayed (the target's decisions table says what became of
     each). Refuses a target that already holds chunks: the replay would mix two groupings.
     """
-    target = TrajectoryMemory(target_uri, cfg)
+    target = open_memory(target_uri, cfg, writers)
     if target.n_chunks:
         raise StoreError(f"regroup target {target_uri} already holds {target.n_chunks} chunks; "
                          "give a new path")

@@ -1,0 +1,122 @@
+"""The grouping writer's speed work: the fast insert path groups exactly as the per-candidate one."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trajrag.bench.store import synthetic_scene, synthetic_trajectory
+from trajrag.config import load
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.matching import match
+from trajrag.memory.shards import ShardedMemory, shard_of
+from trajrag.memory.stats import corpus_stats
+from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError
+
+
+class _PerCandidateMemory(TrajectoryMemory):
+    """The insert path before batching: every candidate matched on its own (Eq. 8 included), a
+    freshly seeded generator per match."""
+
+    def _accepted_matches(self, prep):
+        seed = [self.cfg.seed, zlib.crc32(prep.trajectory_id.encode())]
+        found = [(gid, match(prep.geometry, self.summaries[gid], self.params, np.random.default_rng(seed)))
+                 for gid in self.candidates(prep.geometry.sectors)]
+        found = [(gid, r) for gid, r in found if r.accepted]
+        return sorted(found, key=lambda gr: (-gr[1].score, -gr[1].n_inliers, gr[0]))
+
+
+def _corpus(n_homes: int, n: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    homes = [synthetic_scene(rng, f"home{i:02d}") for i in range(n_homes)]
+    return [synthetic_trajectory(homes[int(rng.integers(n_homes))], rng, f"t{k:04d}") for k in range(n)]
+
+
+def _grouping(memory: TrajectoryMemory) -> dict:
+    """Everything the grouping decided, without the wall-clock columns."""
+    store = memory.store
+    decisions = store.read(DECISIONS).drop_columns(["created_at"]).sort_by("seq").to_pylist()
+    chunks = store.read(CHUNKS, ["trajectory_id", "group_id", "summary_nodes", "group_transform"])
+    summaries = store.read_summaries().drop_columns(["updated_at"]).sort_by("group_id").to_pylist()
+    return {"decisions": decisions, "chunks": chunks.sort_by("trajectory_id").to_pylist(),
+            "summaries": summaries, "tombstones": store.group_aliases().keys()}
+
+
+@pytest.mark.slow  # ~6 s on idle cores, 30 s at a load of 40
+def test_the_batched_insert_groups_to_the_bit_as_matching_each_candidate_alone(tmp_path):
+    # mutual_k 2 and 3 inliers: more pairs per match (RANSAC draws) and more fusions.
+    cfg = replace(load("memory"), batch_size=40, mutual_k=2, min_inliers=3)
+    trajs = _corpus(6, 100, seed=3)
+    fast = TrajectoryMemory(str(tmp_path / "fast"), cfg)
+    slow = _PerCandidateMemory(str(tmp_path / "slow"), cfg)
+    assert [d.action for d in fast.insert_many(trajs)] == [d.action for d in slow.insert_many(trajs)]
+    got, want = _grouping(fast), _grouping(slow)
+    actions = {d["action"] for d in want["decisions"]}
+    assert {"new", "merge", "fuse"} <= actions and len(want["summaries"]) < 40  # groups grew, fused
+    assert got == want
+    assert set(fast.seconds) >= {"prepare", "candidates", "similarity", "geometry", "update", "commit"}
+
+
+def _quality(store) -> tuple[float, float]:
+    stats = corpus_stats(store)
+    return stats["purity"], stats["completeness"]
+
+
+@pytest.mark.slow  # ~8 s on idle cores
+def test_writers_split_by_scene_group_as_well_as_one_and_readers_see_one_memory(tmp_path):
+    cfg = replace(load("memory"), batch_size=40)
+    trajs = _corpus(8, 120, seed=5)
+    single = TrajectoryMemory(str(tmp_path / "single"), cfg)
+    single.insert_many(trajs)
+    sharded = ShardedMemory(str(tmp_path / "sharded"), cfg, 3)
+    for start in range(0, len(trajs), cfg.batch_size):
+        sharded.insert_many(trajs[start:start + cfg.batch_size])
+    (p1, c1), (p3, c3) = _quality(single.store), _quality(sharded.store)
+    # Nothing lost (a shard's candidates are never another shard's homes, so it can gain).
+    assert p3 >= p1 - 0.01 and c3 >= c1 - 0.01
+    assert sharded.n_chunks == single.n_chunks and sharded.n_groups > 0
+    # Each scene's groups are its shard's: group id modulo 3 = the scene's shard.
+    rows = sharded.store.read(CHUNKS, ["group_id", "scene_hint"]).to_pylist()
+    assert all(r["group_id"] % 3 == shard_of(SimpleNamespace(scene_hint=r["scene_hint"]), 3) for r in rows)
+    # The retriever's view (one TrajectoryMemory over the store) holds every shard's groups.
+    reader = TrajectoryMemory(MemoryStore(sharded.store.uri, read_only=True), cfg)
+    assert reader.n_groups == sharded.n_groups == sharded.store.count_groups()
+    decisions = sharded.store.read(DECISIONS, ["seq"]).column("seq").to_pylist()
+    assert sorted(decisions) == list(range(len(decisions)))
+
+
+@pytest.mark.slow  # ~4 s on idle cores
+def test_a_failed_sharded_commit_stores_nothing_and_the_retry_builds_the_same_memory(tmp_path, monkeypatch):
+    cfg = replace(load("memory"), batch_size=30)
+    trajs = _corpus(4, 60, seed=9)
+    clean = ShardedMemory(str(tmp_path / "clean"), cfg, 2)
+    for part in (trajs[:30], trajs[30:]):
+        clean.insert_many(part)
+    faulty = ShardedMemory(str(tmp_path / "faulty"), cfg, 2)
+    faulty.insert_many(trajs[:30])
+    commit = faulty.store.commit
+
+    def fail_once(batch):
+        monkeypatch.setattr(faulty.store, "commit", commit)
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(faulty.store, "commit", fail_once)
+    with pytest.raises(StoreError):
+        faulty.insert_many(trajs[30:])
+    assert faulty.n_chunks == 30 - sum(d["action"] == "redundant" for d in _grouping(faulty)["decisions"])
+    faulty.insert_many(trajs[30:])
+    # The same decisions; positions agree to float32, the precision the shards reloaded them at.
+    got, want = _grouping(faulty), _grouping(clean)
+    decided = lambda g: [(d["seq"], d["trajectory_id"], d["action"], d["group_id"]) for d in g["decisions"]]
+    assert decided(got) == decided(want)
+    assert [(c["trajectory_id"], c["group_id"]) for c in got["chunks"]] == \
+        [(c["trajectory_id"], c["group_id"]) for c in want["chunks"]]
+    for a, b in zip(got["summaries"], want["summaries"]):
+        np.testing.assert_allclose(a["node_xy"], b["node_xy"], atol=1e-4)
+    # A writer restarted on the store skips everything already decided.
+    again = ShardedMemory(str(tmp_path / "faulty"), cfg, 2)
+    assert {d.action for d in again.insert_many(trajs)} == {"duplicate"}
