@@ -44,7 +44,9 @@ TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1", "episodes.max
 CORPUS_SCENES, CORPUS_EPISODES = "procedural:train:4", 3
 # Each RayJob's options made tiny for this machine (same option names, same URIs).
 SIZES = {
-    "build-corpus": {"--scenes": CORPUS_SCENES, "--episodes-per-scene": str(CORPUS_EPISODES), "--workers": "2"},
+    # One writer: the sharded writers' CPUs would not fit beside 2 collectors on 3 rehearsal CPUs.
+    "build-corpus": {"--scenes": CORPUS_SCENES, "--episodes-per-scene": str(CORPUS_EPISODES), "--workers": "2",
+                     "--writers": "1"},
     "train-encoder": {"--workers": "1", "encoder.train.use_gpu": "false"},
     "fit-value": {},
     "evaluate": {"--scenes": "procedural:val:1", "--episodes": "generated:2", "--workers": "1",
@@ -52,6 +54,9 @@ SIZES = {
     "sweep": {"--samples": "1"},
 }
 EXTRA = {
+    # Batches of 2: the first chunks land while most walks are still to come, so the node kill
+    # always finds collectors at work.
+    "build-corpus": ["corpus_job.writer_batch=2"],
     "train-encoder": ["encoder.train.epochs=2"],
     "sweep": ["sweep.scenes=procedural:train:40-41", "sweep.episodes=generated:1", "sweep.chunk_episodes=1",
               "sweep.max_concurrent_trials=1", "sweep.wandb=false"],

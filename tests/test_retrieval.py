@@ -525,7 +525,8 @@ def test_eval_errors_are_one_line(nav_memory, tmp_path):
     assert run.returncode == 2 and "unknown planner" in run.stderr
     run = _eval("--planner", "trajrag", "--store", str(tmp_path / "nothing"), "--model", nav_memory[1],
                 "--out", str(tmp_path / "x"))
-    assert run.returncode == 2 and "no such folder" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "no memory there" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):

@@ -196,15 +196,28 @@ def open_walled_in_objects(wall_free: np.ndarray, instance_map: np.ndarray, max_
         if box is None or touches_floor[instance]:
             continue
         window = tuple(slice(max(s.start - pad, 0), s.stop + pad) for s in box)
-        to_object = ndimage.distance_transform_edt(instance_map[window] != instance)
         floor_here = open_floor[window]
         if not floor_here.any():
             continue
-        through = np.where(unlabelled[window], to_object + ndimage.distance_transform_edt(~floor_here), np.inf)
+        to_object, at_object = ndimage.distance_transform_edt(instance_map[window] != instance, return_indices=True)
+        to_floor, at_floor = ndimage.distance_transform_edt(~floor_here, return_indices=True)
+        through = np.where(unlabelled[window] & _between(at_object, at_floor), to_object + to_floor, np.inf)
         gap = through.min()
         if gap <= max_gap:
             strip[window] |= through <= gap + slack
     return strip
+
+
+def _between(at_object: np.ndarray, at_floor: np.ndarray) -> np.ndarray:
+    """bool (H, W): cells whose nearest object cell and nearest floor cell lie on opposite sides
+    (more than 120 degrees apart as seen from the cell). Wall cells beside the object along the
+    floor's edge are not between them, so a wall next to a walled-in object stays a wall."""
+    rows, cols = np.indices(at_object.shape[1:])
+    to_obj = np.stack([at_object[0] - rows, at_object[1] - cols]).astype(np.float64)
+    to_flr = np.stack([at_floor[0] - rows, at_floor[1] - cols]).astype(np.float64)
+    dot = (to_obj * to_flr).sum(axis=0)
+    norms = np.hypot(*to_obj) * np.hypot(*to_flr)
+    return dot < -0.5 * norms
 
 
 def _check_config(cfg: GibsonConfig) -> None:
