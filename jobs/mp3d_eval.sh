@@ -19,8 +19,7 @@
 # SEEDS (default "0"), VOCABS (default "six mp3d21"), BASELINES (default
 # "frontier,random,frontier-oracle"), MP3D (the scans folder, default
 # ../shared/data/mp3d-bev/scenes), WORLD (more --set options for every run; default 320x240
-# frames, as `make run`). docs/results.md ran the 21-category table smaller:
-# VOCABS=mp3d21 PER_SCAN=8 BASELINES=frontier,frontier-oracle.
+# frames, as `make run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
