@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from trajrag.memory.store import StoreError
+from trajrag.memory.store import SideTable, StoreError
 
 TABLE = "build_settings"
 SCHEMA = pa.schema([pa.field("recorded_at", pa.string(), nullable=False),
@@ -51,21 +51,13 @@ class BuildSettings:
     """The ``build_settings`` table of the memory at ``uri`` (created on the first record)."""
 
     def __init__(self, uri: str) -> None:
-        import lancedb
-
         self.uri = uri
-        try:
-            self.db = lancedb.connect(uri)
-            self.table = self.db.open_table(TABLE) if TABLE in self.db.list_tables().tables else None
-        except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
-            raise StoreError(f"memory store {uri}: its build settings cannot be read: {exc}") from exc
+        self._side = SideTable(uri, TABLE, "its build settings")
 
     def recorded(self) -> list[dict]:
         """Every recorded set of settings, oldest first (``recorded_at`` added to each)."""
-        if self.table is None:
-            return []
-        rows = self.table.search().select(["recorded_at", "settings"]).limit(None).to_arrow().to_pylist()
-        rows.sort(key=lambda row: row["recorded_at"])
+        table = self._side.read(["recorded_at", "settings"])
+        rows = [] if table is None else sorted(table.to_pylist(), key=lambda row: row["recorded_at"])
         return [{"recorded_at": row["recorded_at"], **json.loads(row["settings"])} for row in rows]
 
     def admit(self, settings: dict, allow_mixed: bool) -> None:
@@ -83,10 +75,7 @@ class BuildSettings:
                 "then records both sets)")
         row = pa.table({"recorded_at": [datetime.now(timezone.utc).isoformat()],
                         "settings": [_canonical(settings)]}, schema=SCHEMA)
-        if self.table is None:
-            self.table = self.db.create_table(TABLE, row)
-        else:
-            self.table.add(row)
+        self._side.append(row)
 
 
 def _canonical(settings: dict) -> str:

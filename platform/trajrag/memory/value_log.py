@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from trajrag.memory.store import StoreError
+from trajrag.memory.store import SideTable
 
 TABLE = "value_decisions"
 SCHEMA = pa.schema([pa.field("trajectory_id", pa.string(), nullable=False),
@@ -32,18 +32,15 @@ class ValueLog:
     """The ``value_decisions`` table of the memory at ``uri`` (created on the first append)."""
 
     def __init__(self, uri: str) -> None:
-        import lancedb
-
         self.uri = uri
-        try:
-            self.db = lancedb.connect(uri)
-            self.table = self.db.open_table(TABLE) if TABLE in self.db.list_tables().tables else None
-        except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
-            raise StoreError(f"memory store {uri}: the exploration walks' decisions cannot be read: {exc}") from exc
-        self.ids: set[str] = set()
-        if self.table is not None:
-            self.ids = set(self.table.search().select(["trajectory_id"]).limit(None).to_arrow()
-                           .column("trajectory_id").to_pylist())
+        self._side = SideTable(uri, TABLE, "the exploration walks' decisions")
+        ids = self._side.read(["trajectory_id"])
+        self.ids: set[str] = set() if ids is None else set(ids.column("trajectory_id").to_pylist())
+
+    @property
+    def table(self):
+        """The LanceDB table, None until the first append."""
+        return self._side.table
 
     def append(self, rows: Iterable[tuple[str, bytes]]) -> int:
         """Add ``(trajectory_id, decisions)`` rows whose ids are not stored yet (one LanceDB
@@ -56,10 +53,7 @@ class ValueLog:
             return 0
         batch = pa.table({"trajectory_id": list(fresh), "decisions": pa.array(list(fresh.values()), pa.large_binary())},
                          schema=SCHEMA)
-        if self.table is None:
-            self.table = self.db.create_table(TABLE, batch)
-        else:
-            self.table.add(batch)
+        self._side.append(batch)
         self.ids.update(fresh)
         return len(fresh)
 
@@ -68,7 +62,8 @@ class ValueLog:
 
     def rows(self) -> Iterator[tuple[str, bytes]]:
         """``(trajectory_id, decisions)`` of every stored walk."""
-        if self.table is None:
+        table = self._side.read(["trajectory_id", "decisions"])
+        if table is None:
             return
-        for batch in self.table.search().select(["trajectory_id", "decisions"]).limit(None).to_arrow().to_batches():
+        for batch in table.to_batches():
             yield from zip(batch.column("trajectory_id").to_pylist(), batch.column("decisions").to_pylist())
