@@ -57,11 +57,12 @@ def instance_mappability(scene: Scene, instance: int, sim: GridSimulator, mappin
     ``enough_cells`` of it on the map."""
     category = scene.categories[int(scene.instance_category[instance])]
     footprint = scene.instance_map == instance
-    viewpoints = _viewpoints(scene, footprint, view_radius_m, max_views)
-    near_instance = ndimage.distance_transform_edt(~footprint) * scene.cell_size <= _ATTRIBUTION_M
+    distance = ndimage.distance_transform_edt(~footprint) * scene.cell_size  # metres to the instance
+    centre = scene.to_xy(np.argwhere(footprint)).mean(axis=0)
+    viewpoints = _viewpoints(scene, distance, centre, view_radius_m, max_views)
+    near_instance = distance <= _ATTRIBUTION_M
     segmenter = OracleSegmenter((category,), scene.categories, exact_semantics(perception_cfg), seed=0)
     mapper = SemanticMapper(mapping_cfg, sim.intrinsics, (category,))
-    centre = scene.to_xy(np.argwhere(footprint)).mean(axis=0)
     best, best_xy = 0, None
     for xy in viewpoints:
         pose = Pose2D(float(xy[0]), float(xy[1]), math.atan2(centre[1] - xy[1], centre[0] - xy[0]))
@@ -77,14 +78,15 @@ def instance_mappability(scene: Scene, instance: int, sim: GridSimulator, mappin
     return InstanceMappability(instance, best, best_xy, len(viewpoints))
 
 
-def _viewpoints(scene: Scene, footprint: np.ndarray, radius_m: float, max_views: int) -> np.ndarray:
-    """(K, 2) map-frame metres: per bearing sector around the instance, its nearest traversable cell."""
-    distance = ndimage.distance_transform_edt(~footprint) * scene.cell_size
+def _viewpoints(scene: Scene, distance: np.ndarray, centre: np.ndarray, radius_m: float,
+                max_views: int) -> np.ndarray:
+    """(K, 2) map-frame metres: per bearing sector around the instance (``distance``: metres to
+    it per cell; ``centre``: its map-frame centre), its nearest traversable cell."""
     cells = np.argwhere(scene.traversable & (distance <= radius_m))
     if len(cells) == 0:
         return np.zeros((0, 2))
     xy = scene.to_xy(cells)
-    offset = xy - scene.to_xy(np.argwhere(footprint)).mean(axis=0)
+    offset = xy - centre
     sector = ((np.arctan2(offset[:, 1], offset[:, 0]) + math.pi) / (2 * math.pi) * max_views).astype(int) % max_views
     order = np.lexsort((distance[cells[:, 0], cells[:, 1]], sector))
     first = order[np.r_[True, np.diff(sector[order]) != 0]]
