@@ -62,6 +62,8 @@ SECTIONS: dict[str, str] = {
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
     "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
     "sweep": "trajrag.distributed.sweep:SweepConfig",
+    "revisit": "trajrag.revisit:RevisitConfig",
+    "queries": "trajrag.queries:QueryConfig",
 }
 
 

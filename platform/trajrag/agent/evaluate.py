@@ -496,6 +496,9 @@ def _record(result: EpisodeResult, agent) -> dict:
         episode_stats = getattr(getattr(agent, "planner", None), "episode_stats", None)
         if episode_stats is not None:  # retrieval timings, LLM fallbacks
             record["planner_stats"] = episode_stats()
+    extras = getattr(agent, "episode_extras", None)
+    if extras is not None:  # what an implicit query asked (queries.implicit)
+        record.update(extras())
     metrics = record["metrics"]
     if not math.isfinite(metrics["distance_to_goal"]):
         metrics["distance_to_goal"] = None  # JSON has no inf; read back as unreachable

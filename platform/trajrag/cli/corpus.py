@@ -143,9 +143,6 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     walks were collected with other settings is refused unless ``mixed_settings``
     (``memory.build_settings``)."""
     from trajrag import config
-    from trajrag.agent.collect import collection_settings
-    from trajrag.memory.build_settings import BuildSettings
-    from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
 
@@ -155,7 +152,22 @@ def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, o
     scenes = load_scenes(scene_spec, overrides)
     episode_cfg = config.load("episodes", overrides)
     episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
-    with claim_store(store_uri, f"corpus build of {scene_spec}"):
+    return collect_into(scenes, episodes, policy, store_uri, overrides, f"corpus build of {scene_spec}", progress,
+                        writers, mixed_settings, started)
+
+
+def collect_into(scenes: list, episodes: list, policy: str, store_uri: str, overrides, job: str,
+                 progress: bool = True, writers: int = 1, mixed_settings: bool = False,
+                 started: float | None = None) -> dict:
+    """``episodes`` (of ``scenes``) walked with ``policy`` into the memory at ``store_uri``, the store
+    claimed for ``job`` and its build settings admitted (``build_corpus``'s summary); episodes the
+    store already holds are skipped. The revisit benchmark builds each home's memory with it."""
+    from trajrag.agent.collect import collection_settings
+    from trajrag.memory.build_settings import BuildSettings
+    from trajrag.memory.store import claim_store
+
+    started = time.perf_counter() if started is None else started
+    with claim_store(store_uri, job):
         BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
         return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started, writers)
 

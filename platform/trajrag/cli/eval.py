@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trajrag import artefacts
 from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
-from trajrag.cli import UserError, add_override_arg, output_folder
+from trajrag.cli import UserError, add_override_arg, known_homes, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
 
 
@@ -81,6 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ray_group.add_argument("--ray-address", default=None, help="Ray cluster (implies the Ray job; default: "
                            "$RAY_ADDRESS or a local Ray)")
     ray_group.add_argument("--distributed", action="store_true", help="use the Ray job (jobs/evaluate.py sets it)")
+    known_homes.add_arguments(parser)
     add_override_arg(parser)
     parser.set_defaults(func=eval_command)
 
@@ -98,7 +99,7 @@ class EvalRun:
 
 
 def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[EvalRun]:
-    """Each requested run (planners x variants)."""
+    """Each requested run (planners x variants x query kinds)."""
     from trajrag.agent.registry import AGENTS
 
     planners = [p for p in args.planner.split(",") if p]
@@ -116,11 +117,14 @@ def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[Eval
     runs = []
     for planner in planners:
         for variant in (names if planner in RETRIEVING_AGENTS else [""]):
-            label = args.label or (f"{planner}-{variant}" if variant else planner)
-            variant_overrides = list(variants.get(variant, []))
-            runs.append(EvalRun(label, planner, variant_overrides, [*paths, *variant_overrides, *args.overrides]))
+            for kind in known_homes.query_kinds(args):
+                suffix, kind_overrides = known_homes.run_variant(kind)
+                label = (args.label or (f"{planner}-{variant}" if variant else planner)) + suffix
+                variant_overrides = list(variants.get(variant, []))
+                runs.append(EvalRun(label, planner, variant_overrides,
+                                    [*paths, *variant_overrides, *args.overrides, *kind_overrides]))
     if args.label and len(runs) > 1:
-        raise UserError("--label names one run: give one planner and at most one variant")
+        raise UserError("--label names one run: give one planner, at most one variant and one query kind")
     return runs
 
 
@@ -155,6 +159,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from trajrag.world.sim import GridSimulator
 
     cfg: EvalConfig = config.load("eval", args.overrides)
+    known_homes.apply_revisit(args)
     runs = _runs(args, cfg.variants)
     _check_options(args, runs)
     ray_job = _ray_job(args) if _distributed(args) else None
@@ -163,6 +168,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     scenes = load_scenes(args.scenes, args.overrides)
     episodes = load_episodes(args.episodes, scenes, args.overrides)
     _check_goals(episodes, runs, args.overrides)
+    known = known_homes.prepare(args, runs, scenes, episodes)
     sim_cfg = config.load("sim", args.overrides)
     episode_cfg = config.load("episodes", args.overrides)
     sim = GridSimulator(sim_cfg)
@@ -177,21 +183,23 @@ def _evaluate(args: argparse.Namespace) -> int:
               claim_store(args.store, "lifelong evaluation") if args.lifelong and args.store else contextlib.nullcontext()):
             print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {args.out}",
                   file=sys.stderr)
+            known_homes.build_memories(known, args, runs, scenes, out)
             summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
             for run in runs:
                 if run.label in summaries:  # done by the Ray job
                     continue
                 on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
-                summary = evaluate_agent(run.label, lambda: make_agent(run.planner, sim_cfg, run.overrides), sim,
-                                         episodes, scenes, out, episode_cfg, progress=not args.json,
-                                         on_episode=on_episode, audit=audit)
+                make_run_agent = known.agent_factory(
+                    run.planner, run.overrides, lambda overrides, planner=run.planner: make_agent(planner, sim_cfg, overrides))
+                summary = evaluate_agent(run.label, make_run_agent, sim, episodes, scenes, out, episode_cfg,
+                                         progress=not args.json, on_episode=on_episode, audit=audit)
                 summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
         table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
         (label,) = summaries
-        printed = {"label": label, "out": str(args.out), **summaries[label]}
+        printed = {"label": label, "out": str(args.out), **summaries[label], **known.report}
     else:
-        printed = {"out": str(args.out), "runs": summaries}
+        printed = {"out": str(args.out), "runs": summaries, **known.report}
     print(json.dumps(json_safe(printed), default=str, allow_nan=False))
     if not args.json:
         print(table, file=sys.stderr)
@@ -202,12 +210,14 @@ def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
     """Options that do not go together, and an --out that cannot be a folder, refused before
     anything is read."""
     output_folder(args.out, "--out")
+    known_homes.check_options(args, _distributed(args))
     if args.lifelong and args.store:
         output_folder(args.store, "--store")
     elif args.store and "://" not in args.store and not Path(args.store).is_dir():
         raise UserError(f"--store {args.store}: no memory there: build one with `trajrag corpus build`")
-    if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
-        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
+    if any(r.planner in RETRIEVING_AGENTS for r in runs) and not (args.store or args.revisit):
+        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH "
+                        "(or --revisit K: each home's own memory)")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
         raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
                         "drop the Ray options (--workers, --shard, --ray-address) and the oracle")

@@ -105,6 +105,12 @@ def label_grid(sem_map: SemanticMapLike, window: tuple[int, int, int, int], dila
     return grid
 
 
+def sector_angles(reference_yaw: float, n_sectors: int) -> np.ndarray:
+    """Map-frame heading of each sector's ray, radians (n_sectors,): sector 0 points left of
+    ``reference_yaw``, the others follow counter-clockwise (module doc)."""
+    return reference_yaw + np.pi / 2 + np.arange(n_sectors) * (2 * np.pi / n_sectors)
+
+
 def ray_offsets(reference_yaw: float, n_sectors: int, radius_cells: float, step_cells: float) -> np.ndarray:
     """Integer cell offsets of the samples along each ray: int (n_sectors, S, 2) as ``(drow, dcol)``.
 
@@ -117,7 +123,7 @@ def ray_offsets(reference_yaw: float, n_sectors: int, radius_cells: float, step_
     if n_steps < 1:
         raise ValueError(f"sector radius {radius_cells} cells is shorter than two ray steps of {step_cells}")
     radii = (np.arange(1, n_steps + 1) + 0.5) * step_cells
-    angles = reference_yaw + np.pi / 2 + np.arange(n_sectors) * (2 * np.pi / n_sectors)
+    angles = sector_angles(reference_yaw, n_sectors)
     dcol = np.floor(0.5 + np.cos(angles)[:, None] * radii[None, :])
     drow = np.floor(0.5 + np.sin(angles)[:, None] * radii[None, :])
     return np.stack([drow, dcol], axis=-1).astype(np.int64)

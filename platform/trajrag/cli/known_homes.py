@@ -1,0 +1,220 @@
+"""``trajrag eval``'s known-homes options (issue 47): ``--revisit K``, ``--queries``, ``--global-questions``.
+
+The configuration is loaded here, at the command, and handed to the stages as typed sections:
+``revisit`` (``revisit/``: the earlier walks and each home's memory), ``queries`` (``queries/``:
+implicit needs and global questions) and ``encoder.node`` (the text encoder that resolves needs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from trajrag import config
+from trajrag.agent.evaluate import write_json
+from trajrag.agent.registry import RETRIEVING_AGENTS
+from trajrag.cli import UserError
+from trajrag.queries import EXPLICIT, IMPLICIT, KINDS, QueryConfig, QueryError
+from trajrag.revisit import RevisitConfig, RevisitError
+
+QUERY_CHOICES = (*KINDS, "both")
+# the label suffix of a run asked implicit queries (its explicit twin keeps the plain label)
+IMPLICIT_SUFFIX = "-implicit"
+GLOBAL_QUESTIONS = "global_questions.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "known homes", "the revisit benchmark and Embodied-RAG's query kinds (docs/known_homes.md; one process)")
+    group.add_argument("--revisit", type=int, default=0, metavar="K",
+                       help="before each home's episodes, that home's own memory (<out>/revisit/<home>) holds K "
+                       "earlier walks of it (corpus policies, never the evaluated episodes; configs/revisit.yaml); "
+                       "retrieving planners read it instead of --store (sets revisit.walks=K)")
+    group.add_argument("--queries", choices=QUERY_CHOICES, default=EXPLICIT,
+                       help="explicit: the goal category; implicit: a need from configs/queries.yaml resolved "
+                       "to a category by the text encoder (runs labelled <run>-implicit); both: each run twice; "
+                       "default: %(default)s")
+    group.add_argument("--global-questions", action="store_true",
+                       help="with --revisit: answer each home's inventory questions (which object categories, "
+                       f"how many of each goal) from its memory, scored against the scene (<out>/revisit/{GLOBAL_QUESTIONS})")
+
+
+def check_options(args: argparse.Namespace, distributed: bool) -> None:
+    """What the known-homes options refuse, before anything is read."""
+    if args.revisit < 0:
+        raise UserError(f"--revisit must be >= 0 earlier walks per home, got {args.revisit}")
+    if args.global_questions and not args.revisit:
+        raise UserError("--global-questions reads each home's revisit memory: give --revisit K")
+    if args.revisit and args.store:
+        raise UserError("--revisit builds each home's memory under --out: drop --store")
+    if args.revisit and args.lifelong:
+        raise UserError("--lifelong is not available with --revisit (each home's memory is built before its "
+                        "episodes; lifelong insertion into it is not implemented)")
+    if distributed and (args.revisit or args.queries != EXPLICIT):
+        raise UserError("--revisit and implicit queries run in one process: drop --workers/--shard/--ray-address")
+
+
+def apply_revisit(args: argparse.Namespace) -> None:
+    """``--revisit K`` as the override ``revisit.walks=K`` (every run's settings, run.json, then
+    record it), and ``args.revisit`` as the walks the configuration asks (``--set revisit.walks``)."""
+    if args.revisit:
+        args.overrides = [*args.overrides, f"revisit.walks={args.revisit}"]
+    else:
+        args.revisit = config.load("revisit", args.overrides).walks
+
+
+def query_kinds(args: argparse.Namespace) -> list[str]:
+    return list(KINDS) if args.queries == "both" else [args.queries]
+
+
+def run_variant(kind: str) -> tuple[str, list[str]]:
+    """(label suffix, overrides) of a run asked ``kind`` queries."""
+    return (IMPLICIT_SUFFIX, [f"queries.kind={IMPLICIT}"]) if kind == IMPLICIT else ("", [])
+
+
+@dataclass
+class KnownHomes:
+    """What an evaluation's known-homes options set up before its runs walk: the implicit
+    queries (None when no run asks them), each home's earlier walks (None without --revisit)
+    and their memories."""
+
+    implicit: Any = None
+    plan: dict | None = None
+    memories: Any = None
+    report: dict = field(default_factory=dict)
+
+    def agent_factory(self, planner: str, overrides: Sequence[str], make_agent: Callable[[Sequence[str]], Any]):
+        """A function making the run's agent: ``make_agent(overrides)`` with, under --revisit, a
+        retrieving planner's memory being its home's, and implicit runs asked needs."""
+        from trajrag.queries.implicit import ImplicitQueryAgent
+        from trajrag.revisit.agent import PerHomeAgent
+
+        implicit = config.load("queries", overrides).kind == IMPLICIT
+
+        def make():
+            if self.plan is not None and planner in RETRIEVING_AGENTS:
+                agent = PerHomeAgent(lambda home: make_agent([*overrides, f"retrieval.store={self.memories.uri(home)}"]))
+            else:
+                agent = make_agent(overrides)
+            return ImplicitQueryAgent(agent, self.implicit) if implicit else agent
+        return make
+
+
+def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> KnownHomes:
+    """Everything the options need that a user can get wrong, checked before any run is claimed:
+    the needs of every episode's category (implicit runs), each home's earlier walks (--revisit)."""
+    from trajrag.revisit.walks import plan_walks
+
+    known = KnownHomes()
+    kinds = {config.load("queries", r.overrides).kind for r in runs}
+    unknown = sorted(kinds - set(KINDS))
+    if unknown:
+        raise UserError(f"queries.kind {unknown[0]!r}: choose one of {list(KINDS)}")
+    if IMPLICIT in kinds:
+        known.implicit = implicit_queries(config.load("queries", args.overrides), config.load("encoder", args.overrides).node,
+                                          config.load("episodes", args.overrides).goal_categories)
+        try:
+            known.implicit.check_categories(sorted({e.object_category for e in episodes}))
+        except QueryError as exc:
+            raise UserError(str(exc)) from None
+    revisit: RevisitConfig = config.load("revisit", args.overrides)
+    if revisit.walks:
+        try:
+            known.plan = plan_walks(scenes, episodes, revisit.walks, revisit.seed, revisit.spare_walks,
+                                    config.load("episodes", args.overrides))
+        except RevisitError as exc:
+            raise UserError(str(exc)) from None
+    return known
+
+
+def implicit_queries(queries: QueryConfig, node_cfg: Any, goal_categories: Sequence[str]):
+    """The table of needs with the text encoder that resolves them among ``goal_categories``."""
+    from trajrag.encoder.node_encoder import NodeEncoder
+    from trajrag.queries.implicit import ImplicitQueries, NeedResolver
+
+    return ImplicitQueries(queries.implicit, NeedResolver(NodeEncoder(node_cfg), goal_categories))
+
+
+def build_memories(known: KnownHomes, args: argparse.Namespace, runs: Sequence[Any], scenes, out: Path) -> None:
+    """Each home's memory under ``<out>/revisit`` (resumable; refused when ``revisit.json`` says it
+    was built otherwise), embedded with ``--model`` where one is given, then the global questions.
+    Nothing is built for runs that read no memory, unless the global questions ask."""
+    from trajrag.revisit.memories import HomeMemories
+    from trajrag.revisit.walks import plan_digest
+
+    if known.plan is None:
+        return
+    known.memories = HomeMemories(out)
+    if not (args.global_questions or any(r.planner in RETRIEVING_AGENTS for r in runs)):
+        return
+    revisit: RevisitConfig = config.load("revisit", args.overrides)
+    overrides = [*args.overrides, "corpus.keep_value_decisions=false"]  # no value is fitted on these walks
+    encoder = _trajectory_encoder(args.model)
+    try:
+        known.memories.admit({"walks": revisit.walks, "seed": revisit.seed, "policy": revisit.policy,
+                              "plan": plan_digest(known.plan), "memory": config.to_dict(config.load("memory", overrides)),
+                              "corpus": config.to_dict(config.load("corpus", overrides)),
+                              "encoder_version": encoder.version if encoder else None})
+    except RevisitError as exc:
+        raise UserError(str(exc)) from None
+    print(f"revisit: {revisit.walks} earlier walks in each of {len(known.plan)} homes -> {known.memories.root}",
+          file=sys.stderr)
+    built = known.memories.build(known.plan, scenes, _collector(revisit.policy, overrides, args.json),
+                                 _embedder(args.model, overrides, encoder), encoder.version if encoder else None)
+    sizes = known.memories.sizes(sorted(built))
+    known.report["revisit"] = {"walks_per_home": revisit.walks, "memories": str(known.memories.root),
+                               "chunks_per_home": _mean([s["chunks"] for s in sizes.values()]),
+                               "groups_per_home": _mean([s["groups"] for s in sizes.values()]),
+                               "bytes_per_home": _mean([s["bytes"] for s in sizes.values()])}
+    if args.global_questions:
+        known.report["global_questions"] = answer_global_questions(known.memories, scenes, args.overrides)
+
+
+def _trajectory_encoder(model_dir: str):
+    from trajrag.encoder.model import TrajectoryEncoder
+
+    return TrajectoryEncoder(model_dir) if model_dir else None
+
+
+def _collector(policy: str, overrides: Sequence[str], quiet: bool):
+    from trajrag.cli.corpus import collect_into
+
+    return lambda scene, walks, uri: collect_into([scene], walks, policy, uri, overrides,
+                                                  f"revisit memory of {scene.name}", progress=not quiet)
+
+
+def _embedder(model_dir: str, overrides: Sequence[str], encoder):
+    from trajrag.encoder.evaluate import embed_store
+
+    if encoder is None:
+        return None
+    return lambda uri: embed_store(uri, model_dir, overrides, node_encoder=encoder.node_encoder)
+
+
+def answer_global_questions(memories, scenes, overrides: Sequence[str]) -> dict:
+    """Each home's inventory questions answered from its memory and scored (``queries.inventory``),
+    written to ``<out>/revisit/global_questions.json``; returns the summary over homes."""
+    from trajrag.memory.store import MemoryStore
+    from trajrag.queries.inventory import answer_questions, summarize_scores
+
+    queries: QueryConfig = config.load("queries", overrides)
+    vocabulary = config.load("navigator", overrides).vocabulary
+    counted = config.load("episodes", overrides).goal_categories
+    homes = []
+    for scene in scenes:
+        store = MemoryStore(memories.uri(scene.name), read_only=True)
+        try:
+            homes.append(answer_questions(store, scene, vocabulary, counted, queries.sighting_distance_m,
+                                          queries.count_merge_radius_m))
+        finally:
+            store.close()
+    summary = summarize_scores(homes)
+    write_json(memories.root / GLOBAL_QUESTIONS, {"summary": summary, "homes": homes})
+    return summary
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None
