@@ -38,11 +38,17 @@ class NeedResolver:
 
     def resolve(self, need: str) -> tuple[str, float]:
         """``(category, cosine similarity)`` of the category nearest to ``need``."""
-        if need not in self._resolved:
-            similarity = self._category_vectors @ self.text_encoder.encode_texts([need])[0]
-            best = int(np.argmax(similarity))
-            self._resolved[need] = (self.categories[best], float(similarity[best]))
-        return self._resolved[need]
+        return self.resolve_many([need])[0]
+
+    def resolve_many(self, needs: Sequence[str]) -> list[tuple[str, float]]:
+        """``resolve`` of each need, the ones not seen yet encoded in one batch."""
+        new = [n for n in dict.fromkeys(needs) if n not in self._resolved]
+        if new:
+            similarity = self.text_encoder.encode_texts(new) @ self._category_vectors.T
+            for need, row in zip(new, similarity):
+                best = int(np.argmax(row))
+                self._resolved[need] = (self.categories[best], float(row[best]))
+        return [self._resolved[n] for n in needs]
 
 
 class ImplicitQueries:
