@@ -28,7 +28,8 @@ import numpy as np
 
 from trajrag import config
 from trajrag.agent.evaluate import PAIRED_METRICS, AgentRun
-from trajrag.memory.store import CHUNKS, MAP_COLUMNS, MemoryStore
+from trajrag.memory.store import CHUNKS, MemoryStore
+from trajrag.queries.inventory import chunk_nodes
 from trajrag.revisit.memories import HomeMemories
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import scene_goal_field
@@ -44,17 +45,16 @@ def memory_of_homes(out: Path, homes: set[str]) -> dict[str, dict]:
         store = MemoryStore(memories.uri(home), read_only=True)
         try:
             names = {label: name for name, label in store.vocabulary().items()}
-            rows = store.read(CHUNKS, ["goal", "success", "node_xy", "sectors", *MAP_COLUMNS[:2]]).to_pylist()
+            maps = ["map_xy", "map_sectors"] if store.keeps_maps else []
+            columns = ["goal", "success", "node_xy", "sectors", *maps]
+            rows = store.read(CHUNKS, columns).to_pylist()
             ends, seen_from = defaultdict(list), defaultdict(list)
             for row in rows:
-                walk = np.asarray(row["node_xy"], dtype=float).reshape(-1, 2)
                 if row["success"]:
-                    ends[row["goal"]].append(walk[-1])
-                xy, sectors = (row["map_xy"], row["map_sectors"]) if row["map_xy"] is not None else (walk, row["sectors"])
-                xy = np.asarray(xy, dtype=float).reshape(-1, 2)
-                sectors = np.asarray(sectors).reshape(len(xy), -1)
-                for node, label in zip(*np.nonzero(sectors >= 0)):
-                    seen_from[names[int(sectors[node, label])]].append(xy[node])
+                    ends[row["goal"]].append(np.asarray(row["node_xy"], dtype=float).reshape(-1, 2)[-1])
+                xy, sectors = chunk_nodes(row)
+                for node, sector in zip(*np.nonzero(sectors >= 0)):
+                    seen_from[names[int(sectors[node, sector])]].append(xy[node])
             held[home] = {"chunks": len(rows), "groups": store.count_groups(), "ends": ends, "seen_from": seen_from}
         finally:
             store.close()

@@ -189,8 +189,9 @@ def _evaluate(args: argparse.Namespace) -> int:
                 if run.label in summaries:  # done by the Ray job
                     continue
                 on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
-                make_run_agent = known.agent_factory(
-                    run.planner, run.overrides, lambda overrides, planner=run.planner: make_agent(planner, sim_cfg, overrides))
+                make_run_agent = known.agent_factory(run.planner, run.overrides,
+                                                     lambda overrides, planner=run.planner:
+                                                     make_agent(planner, sim_cfg, overrides))
                 summary = evaluate_agent(run.label, make_run_agent, sim, episodes, scenes, out, episode_cfg,
                                          progress=not args.json, on_episode=on_episode, audit=audit)
                 summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}

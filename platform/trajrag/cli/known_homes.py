@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trajrag import config
+from trajrag.agent.collect import POLICIES
 from trajrag.agent.evaluate import write_json
 from trajrag.agent.registry import RETRIEVING_AGENTS
 from trajrag.cli import UserError
@@ -39,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "default: %(default)s")
     group.add_argument("--global-questions", action="store_true",
                        help="with --revisit: answer each home's inventory questions (which object categories, "
-                       f"how many of each goal) from its memory, scored against the scene (<out>/revisit/{GLOBAL_QUESTIONS})")
+                       "how many of each goal) from its memory, scored against the scene "
+                       f"(<out>/revisit/{GLOBAL_QUESTIONS})")
 
 
 def check_options(args: argparse.Namespace, distributed: bool) -> None:
@@ -96,7 +98,8 @@ class KnownHomes:
 
         def make():
             if self.plan is not None and planner in RETRIEVING_AGENTS:
-                agent = PerHomeAgent(lambda home: make_agent([*overrides, f"retrieval.store={self.memories.uri(home)}"]))
+                agent = PerHomeAgent(lambda home: make_agent([*overrides,
+                                                              f"retrieval.store={self.memories.uri(home)}"]))
             else:
                 agent = make_agent(overrides)
             return ImplicitQueryAgent(agent, self.implicit) if implicit else agent
@@ -114,7 +117,8 @@ def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> 
     if unknown:
         raise UserError(f"queries.kind {unknown[0]!r}: choose one of {list(KINDS)}")
     if IMPLICIT in kinds:
-        known.implicit = implicit_queries(config.load("queries", args.overrides), config.load("encoder", args.overrides).node,
+        known.implicit = implicit_queries(config.load("queries", args.overrides),
+                                          config.load("encoder", args.overrides).node,
                                           config.load("episodes", args.overrides).goal_categories)
         try:
             known.implicit.check_categories(sorted({e.object_category for e in episodes}))
@@ -122,6 +126,8 @@ def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> 
             raise UserError(str(exc)) from None
     revisit: RevisitConfig = config.load("revisit", args.overrides)
     if revisit.walks:
+        if revisit.policy not in POLICIES:
+            raise UserError(f"revisit.policy {revisit.policy!r}: choose one of {list(POLICIES)} (agent/collect.py)")
         try:
             known.plan = plan_walks(scenes, episodes, revisit.walks, revisit.seed, revisit.spare_walks,
                                     config.load("episodes", args.overrides))
@@ -155,7 +161,8 @@ def build_memories(known: KnownHomes, args: argparse.Namespace, runs: Sequence[A
     encoder = _trajectory_encoder(args.model)
     try:
         known.memories.admit({"walks": revisit.walks, "seed": revisit.seed, "policy": revisit.policy,
-                              "plan": plan_digest(known.plan), "memory": config.to_dict(config.load("memory", overrides)),
+                              "plan": plan_digest(known.plan),
+                              "memory": config.to_dict(config.load("memory", overrides)),
                               "corpus": config.to_dict(config.load("corpus", overrides)),
                               "encoder_version": encoder.version if encoder else None})
     except RevisitError as exc:

@@ -106,7 +106,10 @@ class ImplicitQueryAgent:
 
     def __getattr__(self, name: str) -> Any:
         # the navigator's topo trajectory, stats, planner and decision observer, for the records
-        return getattr(self.__dict__["agent"], name)
+        agent = self.__dict__.get("agent")
+        if agent is None:
+            raise AttributeError(name)
+        return getattr(agent, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("agent", "queries", "query"):

@@ -20,13 +20,13 @@ for each counted category, the answer against the true count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 
 from trajrag.memory.matching import Transform2D
-from trajrag.memory.store import CHUNKS, MAP_COLUMNS, MemoryStore
+from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.topo.sectors import sector_angles
 from trajrag.world.scene import Scene
 
@@ -59,7 +59,7 @@ def memory_inventory(store: MemoryStore, sighting_distance_m: float, count_merge
     rows = store.resolve_chunks(store.read(CHUNKS, columns))
     sightings: dict[tuple[int, str], list[np.ndarray]] = {}
     for row in rows:
-        node_xy, sectors = _nodes(row)
+        node_xy, sectors = chunk_nodes(row)
         points, labels = sector_sightings(node_xy, sectors, float(row["reference_yaw"]), sighting_distance_m)
         if row["group_transform"] is not None and len(points):
             points = Transform2D(*row["group_transform"]).apply(points)
@@ -72,9 +72,10 @@ def memory_inventory(store: MemoryStore, sighting_distance_m: float, count_merge
     return Inventory(dict(sorted(counts.items())))
 
 
-def _nodes(row: dict) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk's nodes and sectors: its map's where kept, else the walk's."""
-    use_map = row.get(MAP_COLUMNS[0]) is not None
+def chunk_nodes(row: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk row's nodes (K, 2) and sectors (K, n_sectors): its map's where the row holds one
+    (``map_xy``, ``map_sectors``), else the walk's (``node_xy``, ``sectors``)."""
+    use_map = row.get("map_xy") is not None
     xy, sectors = (row["map_xy"], row["map_sectors"]) if use_map else (row["node_xy"], row["sectors"])
     xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
     return xy, np.asarray(sectors, dtype=np.int64).reshape(len(xy), -1)
