@@ -11,7 +11,8 @@ import pytest
 
 from trajrag.bench.store import synthetic_scene, synthetic_trajectory
 from trajrag.config import load
-from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore
 
 from conftest import S3_BUCKET as BUCKET

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 from trajrag import config
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.map_builder import MapBuilder, RecordingAgent
-from trajrag.memory.grouping import chunk_description
+from trajrag.memory.prepare import chunk_description
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.interface import Action, Observations

@@ -41,7 +41,7 @@ class BuildBenchConfig:
 
 def _trajectories(n: int, seed: int, per_scene: int) -> list:
     """``n`` synthetic trajectories as collectors hand them over (chunk text attached)."""
-    from trajrag.memory.grouping import chunk_description
+    from trajrag.memory.prepare import chunk_description
 
     work = _Workload(seed, per_scene)
     trajs = []

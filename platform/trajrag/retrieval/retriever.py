@@ -48,7 +48,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trajrag.memory.matching import N_SECTORS, match, rank_votes
+from trajrag.memory.matching import N_SECTORS, match
+from trajrag.memory.prefilter import rank_votes
 from trajrag.retrieval.types import ChunkSearch, DecisionRetrieval, Experience
 from trajrag.topo.representation import TPS_GS, represent
 
