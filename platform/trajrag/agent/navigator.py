@@ -420,15 +420,10 @@ class Navigator:
         return replace(cfg, reachable_clearance_m=min(self.cfg.walled_in_clearance_m, cfg.reachable_clearance_m))
 
     def _underfoot(self, frontier: Frontier, xy: np.ndarray) -> bool:
-        """Whether the local policy counts ``frontier`` as reached where the agent stands. Choosing
-        it moves nothing, and the camera never sees the floor at the agent's feet, so it stays a
-        frontier. After a reset such a frontier would be chosen, reached and spent at once: at
-        Gibson starts beside furniture, the one frontier reachable after the first look around was
-        0.18 m away, and the agent spent it and its three resets in two steps, then STOPped with
-        every other frontier untried (4 nearest-frontier and 2 TrajRAG failures of the
-        cross-validation). Elsewhere it is still chosen and spent, which also spends the frontiers
-        around it (``blacklist_radius_m``): skipping it at every decision instead navigated worse
-        (train scenes, nearest frontier: SPL 0.488 -> 0.475 procedural, 0.409 -> 0.389 Gibson)."""
+        """Whether the local policy counts ``frontier`` as reached where the agent stands: choosing
+        it moves nothing and the camera never sees the floor at its feet, so after a reset it would
+        spend every reset at once (elsewhere it is still chosen: skipping it always navigated worse;
+        docs/notes/2026-12-code-history.md)."""
         return float(np.linalg.norm(frontier.centroid_xy - xy)) <= self.policy.cfg.waypoint_radius_m
 
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:

@@ -7,9 +7,8 @@ TURN by ``sim.turn_angle_deg``).
 Why a planner over the actions and not a pure-pursuit follower of the grid path: SPL charges every
 metre walked, and with 0.25 m steps on 30-degree headings a follower aiming at a lookahead point
 zig-zags, overshoots thin goal regions (it can circle across one for ever) and gets stuck in
-front of moves its heading makes it collide with: a first follower of that kind reached SR 0.21
-on 75 Gibson-train episodes, and one that picked the best free heading still circled around thin
-goal regions. The oracle therefore plans with
+front of moves its heading makes it collide with (the first such follower failed most Gibson
+episodes; docs/notes/2026-12-code-history.md). The oracle therefore plans with
 ``geodesic.shortest_action_path``: A* over the positions the simulator can actually reach (forward
 steps along the current yaw + k * turn angle, each checked with the simulator's collision rule),
 guided by the geodesic field to the goal region, goal test "the position's cell is in the goal
@@ -20,10 +19,9 @@ The plan is replayed action by action. If the agent is not where the plan expect
 collision, a different simulator) or the plan was partial (``episodes.action_path_max_expansions``
 hit), it plans again from where it stands, at most ``max_replans`` times per episode.
 
-Its SPL is about 0.945 on generated procedural and Gibson episodes (mean geodesic 5-6 m), with SR
-1.0. That is the action set's ceiling, not a planner loss: walks are whole 0.25 m steps (the
-rounding alone caps SPL near 0.97, ``spl_bound`` below) on 12 headings fixed by the start yaw
-(another 2-3 %); a smaller heuristic weight or finer position merging leaves it unchanged.
+Its SPL stays below 1 (SR 1.0) by the action set, not by the planner: walks are whole 0.25 m
+steps (``spl_bound`` below) on 12 headings fixed by the start yaw (figures: docs/results.md, "The
+oracle and the action lattice").
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ class TrajectoryModel(nn.Module):
       representation starts out as that one node's.
     * With ``pooling: end_mean`` the mean of the nodes' final states is added to the end token's:
       a small GPT-2 trained from scratch on a memory's few thousand pairs forgets much of what the
-      frozen node embeddings say about a place, and the mean carries it through (held-out
-      same-place recall +4 to +8 points, docs/results.md).
+      frozen node embeddings say about a place, and the mean carries it through (figures:
+      docs/notes/2026-12-config-history.md, encoder ``model.pooling``).
 
     ``node_dim``: width of h_k and h_g. ``gpt2_config``: a ``GPT2Config`` dict to rebuild a saved
     model (else ``cfg`` or ``cfg.init_from`` decides the architecture).

@@ -2,8 +2,8 @@
 
 The decision audit (``agent/decisions.py``) showed that the retrieved chunks' similarity and
 object context carry almost no information about where the goal is in an unseen home, while a
-planner that ranks the same frontiers by the true way to the goal gains 30 SPL points over nearest
-frontier (``--planner frontier-oracle``). What carries information is *what a frontier looks
+planner that ranks the same frontiers by the true way to the goal gains far more over nearest
+frontier than any retrieval term (``--planner frontier-oracle``; docs/results.md). What carries information is *what a frontier looks
 out on*: the objects already mapped around it (a sink next to a door: a bathroom, so a toilet
 beyond), how much unknown space lies behind it, how far it is. This module learns that from
 experience in the memory's homes, where the way to the goal is known afterwards.
