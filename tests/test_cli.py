@@ -19,6 +19,7 @@ from trajrag.memory.store import MemoryStore
 SMALL_SIM = ["--set", "sim.width=160", "--set", "sim.height=120"]
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_keys_users_read(capsys):
     assert main(["episodes", "check", "--scenes", "procedural:val:2", "--episodes", "generated:6", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -28,6 +29,7 @@ def test_doctor_reports_the_keys_users_read(capsys):
     assert sum(row["episodes"] for row in report["per_category"].values()) == 12
 
 
+@pytest.mark.slow
 def test_doctor_on_gibson_train(gibson_train_path, capsys):
     assert main(["episodes", "check", "--scenes", str(gibson_train_path), "--episodes", "generated:1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -74,6 +76,7 @@ def test_doctor_rejects_a_pickle_carrying_code(tmp_path, capsys):
     assert "evil_info.pbz2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_writes_records_table_and_picture_and_resumes(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:2", "--agents", "oracle",
@@ -90,6 +93,7 @@ def test_run_writes_records_table_and_picture_and_resumes(ray_session, tmp_path,
     assert len((out / "oracle" / "episodes.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_corpus_stats_reports_grouping_quality_and_its_ceiling(nav_memory, capsys):
     store, _ = nav_memory
     assert main(["corpus", "stats", "--store", store, "--json", "--ceiling"]) == 0
@@ -113,6 +117,7 @@ def _grouping(uri: str) -> set[frozenset[str]]:
     return {frozenset(g) for g in groups.values()}
 
 
+@pytest.mark.slow
 def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     source_versions = MemoryStore(store, read_only=True).versions()
@@ -132,6 +137,7 @@ def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_pa
     assert "already holds" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evidence(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     # Collected chunks keep the maps they were walked in, so a map replay groups by maps.
@@ -144,6 +150,7 @@ def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evide
     assert "too few to fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_preset_is_its_overrides_a_set_wins_over_it_and_bad_ones_are_named(nav_memory, tmp_path, monkeypatch,
                                                                               capsys):
     from trajrag import config
@@ -170,6 +177,7 @@ def test_a_preset_is_its_overrides_a_set_wins_over_it_and_bad_ones_are_named(nav
     assert "preset 'typo'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     picture = tmp_path / "group.png"
@@ -257,6 +265,7 @@ def test_a_torn_last_line_is_left_out_then_cut_before_the_next_append(tmp_path, 
     assert path.read_bytes() == whole + whole and not capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_resume_cuts_a_torn_last_record_and_keeps_the_ones_before(tmp_path, capsys):
     out = tmp_path / "eval"
     argv = [*EVAL, "--out", str(out)]
@@ -374,6 +383,7 @@ with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", ["sim.w
 """
 
 
+@pytest.mark.slow
 def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path):
     """A process killed mid-run leaves its lock files, with its pid, behind: they hold nothing."""
     import signal
@@ -481,6 +491,7 @@ def test_pending_episodes_of_the_ray_job_name_a_bad_record(tmp_path):
         pending_episodes("frontier", [], tmp_path)
 
 
+@pytest.mark.slow
 def test_help_shows_defaults_and_what_each_bench_measures(capsys):
     from trajrag.cli.bench import BENCHES
 

@@ -160,6 +160,7 @@ def test_lost_and_won_episodes_come_worst_first(one_home_runs):
     assert [p.run["episode_id"] for p in won] == ["2"] and won[0].d_spl == pytest.approx(0.6)
 
 
+@pytest.mark.slow
 def test_pictures_draw_the_lost_and_won_episodes_with_an_index(one_home_runs, home, tmp_path, capsys):
     """A researcher asks where a planner loses: --pictures draws those episodes, both walks."""
     out = tmp_path / "pics"

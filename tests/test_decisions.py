@@ -52,6 +52,7 @@ def test_frontiers_without_a_field_value_and_scoreless_planners_are_handled():
     assert q["decision_score_rho"] is None and q["decision_score_rho_n"] == 0
 
 
+@pytest.mark.slow
 def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_unknown():
     scene = load_scenes("procedural:val:1")[0]
     episode = load_episodes("generated:1", [scene])[0]
@@ -78,6 +79,7 @@ def audited_frontier(tmp_path_factory) -> tuple[dict, Path]:
     return _evaluate("frontier", "frontier", out), out / "frontier" / "episodes.jsonl"
 
 
+@pytest.mark.slow
 def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(audited_frontier, tmp_path):
     plain = _evaluate("frontier", "frontier", tmp_path / "plain", audit=None)
     audited, records_file = audited_frontier
@@ -95,6 +97,7 @@ def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_witho
             assert any(g is not None for g in d["frontier_to_goal_m"])
 
 
+@pytest.mark.slow
 def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(
         audited_frontier, tmp_path):
     oracle = _evaluate("oracle-1", "frontier-oracle", tmp_path)

@@ -60,6 +60,7 @@ def assert_exactly_once(store, planned: set[str]) -> None:
     assert len(chunks) + len(redundant) + len(rejected) == len(planned)
 
 
+@pytest.mark.slow
 def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_path, planned):
     marker = tmp_path / "collector-crashed"
     summary = build(tmp_path / "store", FaultPlan(str(marker), collector_exit_after_episodes=1))
@@ -70,6 +71,7 @@ def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_p
     assert_exactly_once(tmp_path / "store", planned)
 
 
+@pytest.mark.slow
 def test_trajectories_reach_the_memory_in_plan_order_whatever_order_collectors_finish(ray_session, tmp_path):
     """Grouping depends on the order of insertion: a crashed collector's episodes come back late,
     yet the writer must see the plan's order, or two builds of one plan give two memories."""
@@ -94,6 +96,7 @@ def _groups(store) -> list[tuple[str, int]]:
                   for r in db.resolve_chunks(db.read(CHUNKS, ["trajectory_id", "group_id"]), db.group_aliases()))
 
 
+@pytest.mark.slow
 def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path):
     # Exploration walks: their decisions (for the frontier value) go through the writer too.
     planned = planned_ids("explore")
@@ -127,6 +130,7 @@ def test_sharded_writers_build_exactly_once_through_a_writer_crash_as_one_proces
     assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
 
 
+@pytest.mark.slow
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
     from trajrag.cli import main
     from trajrag.cli.corpus import build_corpus
@@ -156,6 +160,7 @@ def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_pat
     assert_exactly_once(store, planned)
 
 
+@pytest.mark.slow
 def test_map_summaries_hold_the_places_the_collectors_saw_not_only_walked(ray_session, tmp_path, planned):
     store = tmp_path / "store"
     build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), [*TINY, "memory.summary_geometry=map"],

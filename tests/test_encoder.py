@@ -80,6 +80,7 @@ def store_uri(tmp_path_factory) -> str:
 
 
 # -- node encoder ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_default_node_encoder_is_minilm_offline_and_caches_repeated_nodes():
     from trajrag.encoder.node_encoder import NodeEncoder
 
@@ -120,6 +121,7 @@ def test_node_encoder_folder_without_safetensors_is_a_clear_error(tmp_path):
 
 
 # -- model files ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself(tmp_path):
     cfg = load_config()
     model = build_model(cfg.model, TINY_DIM, seed=3)
@@ -153,6 +155,7 @@ def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself
         load_model_dir(tmp_path)
 
 
+@pytest.mark.slow
 def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pooling(tmp_path):
     from dataclasses import replace
 
@@ -273,6 +276,7 @@ def test_folds_hold_out_every_scene_exactly_once():
 
 
 # -- Ray Train, a killed worker, evaluation, the store ---------------------------------------------
+@pytest.mark.slow
 def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
     from trajrag.cli import main
@@ -364,6 +368,7 @@ def two_folds(ray_session, store_uri, tiny_node_dir, tmp_path_factory) -> dict:
             "versions_before": versions}
 
 
+@pytest.mark.slow
 def test_cross_validation_pools_the_queries_of_every_fold(two_folds, store_uri):
     from trajrag.memory.store import MemoryStore
 
@@ -383,6 +388,7 @@ def test_cross_validation_pools_the_queries_of_every_fold(two_folds, store_uri):
     assert MemoryStore(store_uri, read_only=True).versions() == two_folds["versions_before"]
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
         two_folds, store_uri, tiny_node_dir, tmp_path):
     import shutil

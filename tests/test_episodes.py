@@ -167,6 +167,7 @@ def test_the_goal_region_rule_is_checked_and_keys_the_goal_field_cache(cfg):
 
 
 # -- episodes ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_episode_generation_is_deterministic_and_valid(cfg):
     scenes = [two_room_scene("procedural/val/0000"), two_room_scene("procedural/val/0001")]
     episodes = generate_episodes(scenes, 6, cfg, seed=3)
@@ -230,6 +231,7 @@ def test_gibson_like_scene_ids(cfg):
     assert episode.floor_id == 0 and episode.scene_key == "gibson/Allensville/0"
 
 
+@pytest.mark.slow
 def test_generated_episodes_on_real_gibson_maps(gibson_train_path, cfg):
     from trajrag.world.gibson import load_gibson_scenes
 

@@ -144,6 +144,7 @@ class _SofaOnEveryChair(OracleSegmenter):
         return masks, np.where(far, 0.9, scores).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_a_false_positive_goal_is_dropped_after_verification_and_not_walked_to_again():
     scenes = load_scenes("procedural:val:3")
     scene = next(s for s in scenes if "chair" in s.present_categories() and "sofa" not in s.present_categories()) \
@@ -198,6 +199,7 @@ def test_robustness_curves_read_eval_folders_and_say_what_verification_recovers(
         read_curves(tmp_path / "level-0")
 
 
+@pytest.mark.slow
 def test_every_eval_record_and_summary_names_its_perception_profile(tmp_path):
     from trajrag.agent.evaluate import evaluate_agent
 

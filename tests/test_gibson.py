@@ -108,6 +108,7 @@ def test_origin_puts_habitat_positions_in_the_release_cells(scenes, raw):
             assert s.is_traversable(xy)
 
 
+@pytest.mark.slow
 def test_loading_is_cached_and_cached_scenes_are_read_only(gibson_train_path, scenes):
     start = time.perf_counter()
     again = load_gibson_scenes(gibson_train_path)
@@ -120,6 +121,7 @@ def test_loading_is_cached_and_cached_scenes_are_read_only(gibson_train_path, sc
 
 
 # -- bad files ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_truncated_file_is_a_corrupt_file_error_naming_it(gibson_train_path, tmp_path):
     data = gibson_train_path.read_bytes()
     cut = tmp_path / "cut_info.pbz2"

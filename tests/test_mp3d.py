@@ -130,6 +130,7 @@ def test_generated_episodes_on_a_synthetic_scan_start_on_floor_and_reach_the_goa
     assert report["scenes_without_episodes"] == {}
 
 
+@pytest.mark.slow
 def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(mp3d_scans_path):
     report = check_dataset(f"{mp3d_scans_path}@held_out", "generated:2", ["mp3d.held_out_scans=[17DRP5sb8fy,s8pcmisQ38h]"])
     assert report["scenes"] == 2 and report["episodes"] == 4 and report["problems"] == []
@@ -140,6 +141,7 @@ def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(
     assert json.dumps(wide)  # the --json output is plain data
 
 
+@pytest.mark.slow
 def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_its_dataset(scan_folder, tmp_path):
     from trajrag.agent.evaluate import evaluate_agent, memory_datasets
     from trajrag.agent.navigator import make_frontier_agent

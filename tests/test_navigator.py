@@ -29,6 +29,7 @@ def world():
     return scenes[0], episodes, sim_cfg
 
 
+@pytest.mark.slow
 def test_frontier_explorer_finds_goals_and_stops_near_them(world):
     scene, episodes, sim_cfg = world
     agent = make_frontier_agent(sim_cfg, OVERRIDES)
@@ -41,6 +42,7 @@ def test_frontier_explorer_finds_goals_and_stops_near_them(world):
             assert r.actions[-1] == 0 and r.metrics.distance_to_goal == 0.0
 
 
+@pytest.mark.slow
 def test_episode_export_carries_a_loop_free_topo_polar_trajectory(world):
     scene, episodes, sim_cfg = world
     agent = make_random_agent(sim_cfg, OVERRIDES, seed=3)
@@ -79,6 +81,7 @@ def test_a_bad_frame_is_skipped_with_a_warning_not_fatal(world, caplog):
     assert agent.act(sim.reset(scene, episodes[0].start_pose())) is not None  # the episode goes on
 
 
+@pytest.mark.slow
 def test_an_explorer_trapped_in_a_pocket_retraces_its_moves_and_finds_the_goal():
     # Procedural val home 7, episode 0: the explorer squeezes between a dining table's chairs
     # and a shelf; seen from inside, the way in maps closed, and every frontier is unreachable.
@@ -105,6 +108,7 @@ def test_retracing_skips_the_loops_of_the_walk():
     assert len(loop_erased(walk + walk[::-1])) == 1  # walked out and all the way back: home
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("episode_number", [3, 6])
 def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_train_path, episode_number):
     # Gibson Leonardo, held-out episodes of seed 0: every move onward from one cell collided, the
@@ -141,6 +145,7 @@ def walk_gibson_episode(gibson_train_path, scene: str, episodes: str, number: in
     return agent, run_episode(GridSimulator(sim_cfg), agent, episode, floor)
 
 
+@pytest.mark.slow
 def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_path):
     # Gibson Mifflinburg's toilet, seed 0 episode 5 (fold 4 of the cross-validation): the nearest
     # mapped toilet cell flipped with every step between two whose free approach cells lay apart,
@@ -152,6 +157,7 @@ def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_pa
     assert result.metrics.steps < 100
 
 
+@pytest.mark.slow
 def test_an_agent_walks_to_where_it_can_stop_by_the_goal_not_round_behind_it(gibson_train_path):
     # Gibson Wainscott's TV, seed 0 episode 4 (fold 3): the TV stands on a cabinet against the
     # outer wall and was mapped at step 176, 2 m from the agent. Walking to the nearest TV cell
@@ -163,6 +169,7 @@ def test_an_agent_walks_to_where_it_can_stop_by_the_goal_not_round_behind_it(gib
     assert result.metrics.steps < 250
 
 
+@pytest.mark.slow
 def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_train_path):
     # Gibson Hanson's chair, seed 1 episode 8 (fold 1): the agent starts between a sofa and a wall;
     # after the first look around the one reachable frontier lay 0.18 m away, where the camera
@@ -174,6 +181,7 @@ def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_tra
     assert agent.blacklist_resets <= 1
 
 
+@pytest.mark.slow
 def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_stops(gibson_train_path):
     # Gibson Hiteman's bed, seed 0 episode 7 with line-of-sight goal regions: the way out of the
     # start room runs between a wall end and a refrigerator whose mapped edge lies a cell or two
@@ -186,6 +194,7 @@ def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_sto
     assert agent.policy.inflation_m == config.load("navigator").walled_in_clearance_m
 
 
+@pytest.mark.slow
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
     # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent
@@ -207,6 +216,7 @@ def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     assert agent.goal_blocked_at is None
 
 
+@pytest.mark.slow
 def test_an_episode_continued_from_a_copy_of_agent_and_simulator_walks_the_same_actions(world):
     """Re-running an episode gives the same walk, and agent and simulator copied mid-episode walk
     on exactly as the originals: what rollouts from a decision (forcing each candidate in a copy)

@@ -56,6 +56,7 @@ def test_oracle_walks_through_the_door_and_stops_in_the_goal_region(setup):
     assert m.spl >= 0.9 and m.spl <= spl_ceiling(m.geodesic_distance) + 1e-9
 
 
+@pytest.mark.slow
 def test_oracle_on_hand_built_scenes(setup):
     """Open room, two rooms with a door, and an L-shaped corridor: SR 1, SPL near the ceiling."""
     open_room = np.zeros((80, 80), dtype=bool)
@@ -79,6 +80,7 @@ def test_oracle_on_hand_built_scenes(setup):
     assert summary["spl"] >= ceiling - 0.05
 
 
+@pytest.mark.slow
 def test_oracle_on_procedural_val_homes(setup):
     scenes = load_scenes("procedural:val:3")
     episodes = generate_episodes(scenes, 4, setup[2], seed=0)
@@ -88,6 +90,7 @@ def test_oracle_on_procedural_val_homes(setup):
     assert summary["spl"] >= 0.9
 
 
+@pytest.mark.slow
 def test_oracle_on_gibson_train_homes(setup, gibson_train_path):
     scenes = [s for s in load_scenes(str(gibson_train_path)) if s.name.split("/")[1] in ("Cosmos", "Leonardo")]
     episodes = generate_episodes(scenes, 4, setup[2], seed=0)
@@ -143,6 +146,7 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
     assert math.isinf(result.metrics.distance_to_goal)
 
 
+@pytest.mark.slow
 def test_sim_bench_reports_steps_and_oracle_figures(capsys, mp3d_scans_path):
     from trajrag.cli import main
 
@@ -160,6 +164,7 @@ def test_sim_bench_reports_steps_and_oracle_figures(capsys, mp3d_scans_path):
     assert "vall" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_oracle_walks_can_look_around_first_and_at_the_goal_and_see_more_for_no_extra_path():
     from trajrag.agent.collect import Collector
 

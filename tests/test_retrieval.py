@@ -51,6 +51,7 @@ def _stored_success(store):
 
 
 # -- retriever ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memory):
     store, model_dir = nav_memory
     retriever = _retriever(store, model_dir)
@@ -72,6 +73,7 @@ def _prefix(traj, nodes):
                    node_visit_steps=traj.node_visit_steps[:nodes], node_ids=traj.node_ids[:nodes])
 
 
+@pytest.mark.slow
 def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_report_the_split(nav_memory):
     store, model_dir = nav_memory
     reference = _retriever(store, model_dir, "retrieval.query_cache=0")
@@ -96,6 +98,7 @@ def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_re
     assert again.encode_ms < got.encode_ms
 
 
+@pytest.mark.slow
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
     from trajrag.bench.store import perturb
 
@@ -110,6 +113,7 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
     assert _retriever(store, model_dir).retrieve([moved], traj.goal).goal_points is None  # off by default
 
 
+@pytest.mark.slow
 def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
     from trajrag.bench.store import perturb
     from trajrag.topo.candidates import MapPlace
@@ -189,6 +193,7 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
     assert asyncio.run(app.decide(request))["choice"] == 0  # nothing sent back: nothing kept
 
 
+@pytest.mark.slow
 def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_do(nav_memory):
     import asyncio
 
@@ -215,6 +220,7 @@ def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_
     assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
 
 
+@pytest.mark.slow
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
     store, model_dir = nav_memory
     tid, traj = _stored(store, 1)
@@ -234,6 +240,7 @@ def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(na
     assert coarse.experiences[0][0].trajectory_id == tid and {e.goal for e in coarse.experiences[0]} == {traj.goal}
 
 
+@pytest.mark.slow
 def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):
     store, model_dir = nav_memory
     _, traj = _stored(store)
@@ -243,6 +250,7 @@ def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):
     assert all(e.goal != "spaceship" for e in result.experiences[0])  # nothing to find, no crash
 
 
+@pytest.mark.slow
 def test_empty_store_and_other_encoder_version_give_clear_errors(nav_memory, tmp_path):
     from trajrag.memory.store import MemoryStore
     from trajrag.retrieval.retriever import RetrievalError
@@ -427,6 +435,7 @@ def _eval(*args) -> SimpleNamespace:
     return SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
 
 
+@pytest.mark.slow
 def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path):
     store, model_dir = nav_memory
     out = tmp_path / "eval"
@@ -469,6 +478,7 @@ def test_decision_audit_refuses_the_ray_job_with_a_clear_error(tmp_path, capsys)
     assert "--audit-decisions" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_path):
     from trajrag.memory.store import MemoryStore, claim_store
 
@@ -496,6 +506,7 @@ def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_pa
     assert busy.returncode == 2 and "corpus build in another shell" in busy.stderr, busy.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memory, tmp_path):
     source, model_dir = nav_memory
     store = str(tmp_path / "memory")
@@ -515,6 +526,7 @@ def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memor
     assert (out / "trajrag" / "episodes.jsonl").read_text() == records
 
 
+@pytest.mark.slow
 def test_eval_errors_are_one_line(nav_memory, tmp_path):
     run = _eval("--planner", "trajrag", "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "--store" in run.stderr and "Traceback" not in run.stderr
@@ -529,6 +541,7 @@ def test_eval_errors_are_one_line(nav_memory, tmp_path):
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow
 def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     """Records carry no settings: a resume with other --set values must not mix them in silently."""
     out = tmp_path / "eval"

@@ -31,6 +31,7 @@ def walk_setup():
     return agent, GridSimulator(sim_cfg), scenes[0], episode, episode_cfg, recorder
 
 
+@pytest.mark.slow
 def test_forcing_the_walkers_own_choice_repeats_the_walk_and_another_changes_it(walk_setup):
     agent, sim, scene, episode, episode_cfg, _ = walk_setup
     choices = []
@@ -54,6 +55,7 @@ def test_forcing_the_walkers_own_choice_repeats_the_walk_and_another_changes_it(
         assert metres_after(walk, 0) == pytest.approx(walk.metrics.path_length)
 
 
+@pytest.mark.slow
 def test_rollout_costs_are_the_metres_walked_after_each_choice(walk_setup):
     agent, sim, scene, episode, episode_cfg, recorder = walk_setup
     stats = RolloutStats()
@@ -68,6 +70,7 @@ def test_rollout_costs_are_the_metres_walked_after_each_choice(walk_setup):
     assert agent.planner.__class__.__name__ != "ForcedChoice" and agent.decision_observer is None
 
 
+@pytest.mark.slow
 def test_value_fit_on_rollout_costs(tmp_path, capsys):
     walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1", "--set", "value.target=rollout",
             "--set", "value.rollout_decisions_per_episode=1",

@@ -99,6 +99,7 @@ def assert_each_once(records: list[dict], planned: set) -> None:
     assert set(keys) == planned and len(keys) == len(planned)
 
 
+@pytest.mark.slow
 def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, value_model, tmp_path, capsys):
     """With a value model: the Serve app gets no map, the evaluator sends the value features."""
     from trajrag.agent.evaluate import evaluate_agent
@@ -139,6 +140,7 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_summarised_without_starting_ray(tmp_path, capsys, monkeypatch):
     """A resumed cross-validation calls `trajrag eval --workers N` on many finished runs: each must
     only be summarised, not wait for a Ray to start."""
@@ -160,6 +162,7 @@ def test_a_finished_run_is_summarised_without_starting_ray(tmp_path, capsys, mon
     assert (again["sr"], again["spl"]) == (first["sr"], first["spl"])
 
 
+@pytest.mark.slow
 def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 
@@ -187,6 +190,7 @@ def test_http_ingress_on_loopback_answers_like_the_handle(job):
     assert err.value.code == 400 and "value_features" in err.value.read().decode()
 
 
+@pytest.mark.slow
 def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(job, tmp_path):
     import ray
 
@@ -215,6 +219,7 @@ def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(jo
     assert not set(killed) & set(replica_actor_names(name, RETRIEVER) + replica_actor_names(name, PLANNER))
 
 
+@pytest.mark.slow
 def test_killed_evaluator_requeues_its_episodes_and_every_episode_is_written_once(job, tmp_path):
     overrides, scenes, episodes, planned = job
     marker = tmp_path / "evaluator-died"
@@ -226,6 +231,7 @@ def test_killed_evaluator_requeues_its_episodes_and_every_episode_is_written_onc
     assert_each_once(read_records(tmp_path / "killed-evaluator" / "episodes.jsonl"), planned)
 
 
+@pytest.mark.slow
 def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
     overrides, scenes, episodes, planned = job
     first = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, overrides, workers=1,
@@ -240,6 +246,7 @@ def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
     assert json.loads((tmp_path / "sharded" / "summary.json").read_text())["episodes"] == 4
 
 
+@pytest.mark.slow
 def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_path, capsys):
     """A job killed while the driver wrote a record: the resumed job cuts the fragment off (the next
     record would run into it) and walks that episode again; the records before stay as they were."""

@@ -29,6 +29,7 @@ def _counts(store: MemoryStore) -> tuple[int, int, int]:
     return store.count(CHUNKS), store.count(SUMMARIES), store.count(DECISIONS)
 
 
+@pytest.mark.slow
 def test_the_memory_store_works_on_an_s3_uri(s3_env):
     uri = f"s3://{BUCKET}/mem"
     cfg = replace(load("memory"), batch_size=8)

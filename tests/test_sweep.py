@@ -30,6 +30,7 @@ def wandb_temp(folder: str) -> set[Path]:
     return set(Path(folder).glob("tmp*wandb-media"))
 
 
+@pytest.mark.slow
 def test_two_trial_sweep_writes_best_config_results_and_offline_wandb_runs(ray_session, nav_memory, tmp_path):
     store, model = nav_memory
     out = tmp_path / "sweep"
@@ -109,6 +110,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_a_killed_worker_leaves_no_wandb_service_folder_in_tmp(tmp_path):
     import subprocess
     import sys
