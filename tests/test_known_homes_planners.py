@@ -262,6 +262,14 @@ def test_agenda_keeps_a_remembered_goal_place_whatever_the_landmarks_around_it()
     assert agenda.revise(_context(_map(), [[4.0, 4.0]]), toilets, decision=2) == []
 
 
+def test_a_full_agenda_drops_its_weakest_subgoal_for_a_stronger_one_only():
+    agenda = _agenda(max_subgoals=2)
+    spots = {"chair": [0.0, 0.0], "wardrobe": [5.0, 0.0], "nightstand": [10.0, 0.0], "sink": [15.0, 0.0]}
+    landmarks = [Landmark(c, np.array(xy)) for c, xy in spots.items()]
+    assert agenda.add_landmarks(landmarks, 0.0, decision=1) == 3  # the sink (0.05) finds the agenda full
+    assert sorted(s.reason.split()[0] for s in agenda.open()) == ["nightstand", "wardrobe"]
+
+
 def _navprobe(places=Places(np.zeros((0, 2)), []), **changes) -> NavProbePlanner:
     memory = HomeMemory(lambda goal, category: BED_RELATION.get(category, 0.0) if goal == "bed" else 0.0,
                         lambda scene: places)

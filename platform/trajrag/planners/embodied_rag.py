@@ -169,6 +169,7 @@ class EmbodiedRAGPlanner(RetrievalTimings):
         self.forest: Optional[SemanticForest] = None
         self.hits: list[ForestHit] = []
         self.searched: set[int] = set()
+        self.forest_searched = False
         self.positions: list[np.ndarray] = []
         self.fallbacks = 0
         self.forest_ms = 0.0
@@ -206,16 +207,17 @@ class EmbodiedRAGPlanner(RetrievalTimings):
         return int(np.argmax(self.last_scores))
 
     def _target(self, ctx: PlannerContext) -> Optional[int]:
-        """The best retrieved leaf not yet searched, retrieving again when none is left."""
-        if self.forest is None:
+        """The best retrieved leaf not yet searched, retrieving again when none is left (None
+        once the whole forest is searched)."""
+        if self.forest is None or self.forest_searched:
             return None
-        for _ in range(2):  # the current hits, then one fresh search without the searched leaves
-            for hit in self.hits:
-                if hit.leaf not in self.searched and not self._is_searched(ctx, hit.leaf):
-                    return hit.leaf
-                self.searched.add(hit.leaf)
-            self._retrieve(ctx)
-        return None
+        for hit in self.hits:
+            if hit.leaf not in self.searched and not self._is_searched(ctx, hit.leaf):
+                return hit.leaf
+            self.searched.add(hit.leaf)
+        self._retrieve(ctx)
+        self.forest_searched = not self.hits
+        return self.hits[0].leaf if self.hits else None
 
     def _retrieve(self, ctx: PlannerContext) -> None:
         start = time.perf_counter()

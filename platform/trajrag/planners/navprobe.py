@@ -73,9 +73,16 @@ class NavProbeConfig:
     llm_subgoals: int
     executive_prompt: str
 
+    def __post_init__(self) -> None:
+        radii = (self.landmark_merge_m, self.subgoal_radius_m, self.place_cell_m)
+        if min(radii) <= 0 or not 0.0 <= self.explored_share <= 1.0 or self.max_subgoals < 1:
+            raise ValueError(f"navprobe: landmark_merge_m, subgoal_radius_m and place_cell_m must be > 0 m, "
+                             f"explored_share in [0, 1] and max_subgoals >= 1, got {radii}, "
+                             f"{self.explored_share}, {self.max_subgoals}")
+
 
 # -- the episode's index -----------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)
 class Landmark:
     """An object at a place: ``category``, ``xy`` (map-frame metres), the decision ``step`` it
     was first seen at (-1: from the memory) and where it comes from (``episode`` or ``memory``)."""
@@ -145,7 +152,7 @@ class EpisodeIndex:
 
 
 # -- the agenda --------------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)
 class Subgoal:
     """"Search around ``xy`` for the goal": ``kind`` ``remembered`` (the memory's walks of this
     home saw the goal here) or ``landmark`` (near an object that goes with the goal);
@@ -175,9 +182,14 @@ class Agenda:
         return [s for s in self.subgoals if s.status == "open"]
 
     def add(self, subgoal: Subgoal) -> bool:
-        """Open ``subgoal`` unless one (open or closed) already covers its place; the weakest
-        open one gives way when ``max_subgoals`` are open."""
-        if any(np.linalg.norm(s.xy - subgoal.xy) <= self.cfg.subgoal_radius_m for s in self.subgoals):
+        """Open ``subgoal`` unless one already covers its place (a closed one: the place was
+        searched; an open one takes the new evidence when it is stronger); the weakest open one
+        gives way when ``max_subgoals`` are open."""
+        covering = [s for s in self.subgoals if np.linalg.norm(s.xy - subgoal.xy) <= self.cfg.subgoal_radius_m]
+        if covering:
+            stronger = [s for s in covering if s.status == "open" and s.strength < subgoal.strength]
+            for s in stronger:
+                s.kind, s.strength, s.reason = subgoal.kind, subgoal.strength, subgoal.reason
             return False
         open_now = self.open()
         if len(open_now) >= self.cfg.max_subgoals:
