@@ -11,7 +11,8 @@
 # encoder and value are TrajRAG's in both settings (the known-home memory's chunks are embedded
 # with that encoder at start-up). Each eval resumes; `trajrag compare` then pairs every run with
 # nearest frontier (OUT/compare.json) and the known-home planners with TrajRAG on the same memory
-# (OUT/compare_known.json). Environment: BASE, HOMES (default 10), PER_HOME (default 3), WALKS
+# (OUT/compare_known.json), and jobs/known_homes_stats.py counts retrievals, their milliseconds and
+# the forests' size (OUT/stats.json). Environment: BASE, HOMES (default 10), PER_HOME (default 3), WALKS
 # (default 5), CORPUS_SEED (default 4711), WORLD (more --set options for every run; default
 # 320x240 frames, as `make run`).
 set -euo pipefail
@@ -41,7 +42,12 @@ for planner in trajrag embodied-rag navprobe; do
   run "eval-$planner-known" $T eval --planner "$planner" --label "$planner-known" --store "$K" \
     --set retrieval.embed_missing=true "${EVAL[@]}"
 done
+# TrajRAG with the remembered goal projected where it recognises the place (docs/results.md, "Homes
+# the memory has seen": its best setting there).
+run eval-trajrag-known-goal $T eval --planner trajrag --label trajrag-known-goal --store "$K" \
+  --set retrieval.embed_missing=true --set retrieval.project_goal=true --set memory.min_inliers=3 "${EVAL[@]}"
 run compare bash -c "$T compare '$OUT/eval' --baseline frontier --json > '$OUT/compare.json'"
-run compare-known bash -c "$T compare '$OUT/eval' --baseline trajrag-known --runs embodied-rag-known,navprobe-known \
-  --json > '$OUT/compare_known.json'"
-say "done: $OUT/compare.json, $OUT/compare_known.json"
+run compare-known bash -c "$T compare '$OUT/eval' --baseline trajrag-known \
+  --runs embodied-rag-known,navprobe-known,trajrag-known-goal --json > '$OUT/compare_known.json'"
+run stats bash -c ".venv/bin/python jobs/known_homes_stats.py '$OUT' > '$OUT/stats.json'"
+say "done: $OUT/compare.json, $OUT/compare_known.json, $OUT/stats.json"
