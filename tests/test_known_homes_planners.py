@@ -242,8 +242,8 @@ def test_agenda_revises_a_subgoal_when_retrieved_landmarks_contradict_it():
     ctx = _context(_map(), [[4.0, 4.0]])  # a frontier beside it, nothing explored: not exhausted
     assert agenda.revise(ctx, [nightstand], decision=2) == [] and subgoal.status == "open"
     # Retrieved: a toilet and a bathtub beside the nightstand. A bathroom: the subgoal goes.
-    retrieved = [Landmark("toilet", np.array([5.5, 5.0]), source="memory"),
-                 Landmark("bathtub", np.array([5.0, 5.8]), source="memory")]
+    retrieved = [Landmark("toilet", np.array([5.5, 5.0])),
+                 Landmark("bathtub", np.array([5.0, 5.8]))]
     assert agenda.revise(ctx, [nightstand, *retrieved], decision=3) == [subgoal]
     assert subgoal.status == "contradicted" and subgoal.evidence == ["bathtub", "nightstand", "toilet"]
     # A wardrobe there instead would have kept it (mean relation 0.4 > 0.25).

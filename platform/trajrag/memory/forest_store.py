@@ -51,7 +51,7 @@ SCHEMA = pa.schema([
 def home_places(store: MemoryStore, scene: str, cell_m: float) -> tuple[Places, list[str]]:
     """The places of ``scene`` in the memory, pooled per ``cell_m`` grid cell, and the ids of
     the chunks they came from (sorted); no places for a home the memory never walked."""
-    maps = list(("map_xy", "map_sectors")) if store.keeps_maps else []
+    maps = ["map_xy", "map_sectors"] if store.keeps_maps else []
     rows = store.read(CHUNKS, ["trajectory_id", "node_xy", "sectors", *maps],
                       where=f"scene_hint = {sql_str(scene)}").to_pylist()
     names = {label: name for name, label in store.vocabulary().items()}

@@ -34,6 +34,7 @@ import numpy as np
 
 from trajrag.memory.forest import ForestHit, SemanticForest, beam_search, build_forest, object_list
 from trajrag.memory.forest_store import ForestTable, build_key, home_places
+from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.llm_choice import ChoiceAsker, ChoiceCounts
 from trajrag.planners.target import cost_via_frontier, explored_share, target_gaps
@@ -57,7 +58,9 @@ class EmbodiedRAGConfig:
     llm: bool
     llm_choices: int
     summary_max_tokens: int
+    summary_system: str
     summary_prompt: str
+    selection_system: str
     selection_prompt: str
 
     def __post_init__(self) -> None:
@@ -70,7 +73,7 @@ def forest_settings(cfg: EmbodiedRAGConfig) -> dict:
     """The settings a forest is built with (its ``build_key``; the search settings are not)."""
     names = ["leaf_cell_m", "branching", "summary_objects", "leaf_template", "area_template", "empty_text"]
     if cfg.llm:
-        names += ["summary_prompt", "summary_max_tokens"]
+        names += ["summary_system", "summary_prompt", "summary_max_tokens"]
     return {name: getattr(cfg, name) for name in names}
 
 
@@ -110,7 +113,6 @@ class ForestLibrary:
         self.store_uri, self.cfg, self.encoder, self.asker = store_uri, cfg, encoder, asker
         self.summarizer = f"llm:{model_name}" if asker is not None else "template"
         self._forests: dict[str, Optional[SemanticForest]] = {}
-        self.built = 0  # forests built (not read back) by this process
 
     def forest(self, scene: str) -> Optional[SemanticForest]:
         """The forest of ``scene``; None when the memory holds no walk of it."""
@@ -119,8 +121,6 @@ class ForestLibrary:
         return self._forests[scene]
 
     def _load_or_build(self, scene: str) -> Optional[SemanticForest]:
-        from trajrag.memory.store import MemoryStore
-
         store = MemoryStore(self.store_uri, read_only=True)
         try:
             places, chunk_ids = home_places(store, scene, self.cfg.leaf_cell_m)
@@ -135,7 +135,6 @@ class ForestLibrary:
         if forest is None:
             forest = build_forest(places, self.cfg.branching, self.summarize, self.encoder)
             table.save(scene, key, forest)
-            self.built += 1
         return forest
 
     def summarize(self, objects: Counter, n_leaves: int, child_texts: Sequence[str]) -> str:
@@ -145,8 +144,7 @@ class ForestLibrary:
         if self.asker is None or not child_texts:
             return template
         request = self.cfg.summary_prompt.format(descriptions="; ".join(child_texts))
-        return self.asker.write("You summarise what a robot has seen in a home.", request,
-                                self.cfg.summary_max_tokens) or template
+        return self.asker.write(self.cfg.summary_system, request, self.cfg.summary_max_tokens) or template
 
 
 class EmbodiedRAGPlanner(RetrievalTimings):
@@ -246,7 +244,7 @@ class EmbodiedRAGPlanner(RetrievalTimings):
         goal = self.goal.replace("_", " ")
         question = self.cfg.selection_prompt.format(descriptions=descriptions,
                                                     query=self.cfg.query_template.format(goal=goal))
-        choice = self.asker.choose("You help a robot find things in a home it has walked before.", question, len(shown))
+        choice = self.asker.choose(self.cfg.selection_system, question, len(shown))
         if choice is None:
             return ranked
         return [shown[choice]] + [node for node in ranked if node != shown[choice]]

@@ -70,8 +70,8 @@ class ChoiceAsker:
         """The model's first line of text for ``request``, or None (no answer, or an empty one)."""
         self.counts.asked += 1
         messages = [{"role": "system", "content": system.strip()}, {"role": "user", "content": request}]
-        answer = self._complete(messages, "", max_tokens)
-        line = (answer or "").strip().splitlines()[0].strip() if (answer or "").strip() else ""
+        text = (self._complete(messages, "", max_tokens) or "").strip()
+        line = text.splitlines()[0].strip() if text else ""
         if not line:
             self.counts.fallbacks += 1
             return None

@@ -43,7 +43,10 @@ import numpy as np
 from scipy import ndimage
 
 from trajrag.memory.forest import Places
+from trajrag.memory.forest_store import home_places
+from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
+from trajrag.planners.graphrag import SceneGraph
 from trajrag.planners.llm_choice import ChoiceAsker, ChoiceCounts
 from trajrag.planners.target import cost_via_frontier, explored_share, frontier_xy
 
@@ -71,6 +74,7 @@ class NavProbeConfig:
     place_cell_m: float
     llm: bool
     llm_subgoals: int
+    executive_system: str
     executive_prompt: str
 
     def __post_init__(self) -> None:
@@ -84,13 +88,12 @@ class NavProbeConfig:
 # -- the episode's index -----------------------------------------------------------------------------
 @dataclass(eq=False)
 class Landmark:
-    """An object at a place: ``category``, ``xy`` (map-frame metres), the decision ``step`` it
-    was first seen at (-1: from the memory) and where it comes from (``episode`` or ``memory``)."""
+    """An object at a place: ``category``, ``xy`` (map-frame metres) and the episode step it was
+    first mapped at (-1: from the memory's walks)."""
 
     category: str
     xy: np.ndarray
     step: int = -1
-    source: str = "episode"
 
 
 class EpisodeIndex:
@@ -146,9 +149,6 @@ class EpisodeIndex:
                     self.landmarks.append(landmark)
                     new.append(landmark)
         return new
-
-    def visited(self, xy: np.ndarray, radius_m: float) -> bool:
-        return any(np.linalg.norm(p[0] - xy) <= radius_m for p in self.places)
 
 
 # -- the agenda --------------------------------------------------------------------------------------
@@ -251,12 +251,13 @@ class Agenda:
 
 
 # -- the planner -------------------------------------------------------------------------------------
+@dataclass
 class HomeMemory:
-    """What the memory knows for NavProbe: the goal relations over every walk (``relation``) and,
-    per home, the places its walks saw (``places``; none for a home it never walked)."""
+    """What the memory knows for NavProbe: ``relation(goal, category)`` over every walk and
+    ``places(scene)``, the places its walks of a home saw (none for a home it never walked)."""
 
-    def __init__(self, relation: Callable[[str, str], float], places: Callable[[str], Places]) -> None:
-        self.relation, self.places = relation, places
+    relation: Callable[[str, str], float]
+    places: Callable[[str], Places]
 
 
 class NavProbePlanner(RetrievalTimings):
@@ -279,6 +280,7 @@ class NavProbePlanner(RetrievalTimings):
         self.index = EpisodeIndex(goal, cfg.landmark_min_cells, cfg.landmark_merge_m)
         self.agenda = Agenda(cfg, lambda category: self.memory.relation(goal, category))
         self.memory_landmarks: list[Landmark] = []
+        self.home_read = False  # the memory's walks of this home, read at the first retrieval
         self.scene: Optional[str] = None
         self.decision = 0
         self.counts = {"fallbacks": 0, "contradicted": 0, "exhausted": 0, "backtracks": 0}
@@ -317,24 +319,23 @@ class NavProbePlanner(RetrievalTimings):
         self.last_scores = -cost + hysteresis_bonus(ctx, self.hysteresis_m, 1.0)
         return int(np.argmax(self.last_scores))
 
-    def retrieve(self, ctx: PlannerContext) -> int:
+    def retrieve(self, ctx: PlannerContext) -> None:
         """Probe the memory of this home and the episode's index for subgoals (module
-        docstring, 4.); returns how many opened."""
+        docstring, 4.)."""
         start = time.perf_counter()
-        added = 0
-        if not self.memory_landmarks and self.scene is not None:
+        if not self.home_read:
+            self.home_read = True
             places = self.memory.places(self.scene)
-            self.memory_landmarks = [Landmark(c, np.asarray(xy, dtype=float), -1, "memory")
+            self.memory_landmarks = [Landmark(c, np.asarray(xy, dtype=float))
                                      for xy, names in zip(places.xy, places.objects) for c in sorted(names)]
             for xy, names in zip(places.xy, places.objects):
                 if self.goal in names:
-                    added += self.agenda.add(Subgoal("remembered", np.asarray(xy, dtype=float), self.cfg.remembered_strength,
-                                                     f"a {self.goal.replace('_', ' ')} was seen here on an earlier walk",
-                                                     self.decision))
+                    self.agenda.add(Subgoal("remembered", np.asarray(xy, dtype=float), self.cfg.remembered_strength,
+                                            f"a {self.goal.replace('_', ' ')} was seen here on an earlier walk",
+                                            self.decision))
         pool = [m for m in (*self.index.landmarks, *self.memory_landmarks) if m.category != self.goal]
-        added += self.agenda.add_landmarks(pool, self.cfg.min_relation / 2, self.decision)
+        self.agenda.add_landmarks(pool, self.cfg.min_relation / 2, self.decision)
         self.add_timings((time.perf_counter() - start) * 1e3)
-        return added
 
     def _pick(self, ctx: PlannerContext) -> Optional[Subgoal]:
         """The subgoal to pursue (module docstring, 5.)."""
@@ -362,8 +363,7 @@ class NavProbePlanner(RetrievalTimings):
         question = self.cfg.executive_prompt.format(
             goal=self.goal.replace("_", " "), subgoals="\n".join(lines),
             closed=sum(s.status != "open" for s in self.agenda.subgoals), seen=", ".join(seen) or "nothing")
-        choice = self.asker.choose("You are the task executive of a robot searching a home for an object.",
-                                   question, len(shown))
+        choice = self.asker.choose(self.cfg.executive_system, question, len(shown))
         return None if choice is None else shown[choice]
 
 
@@ -374,10 +374,6 @@ _MEMORIES: dict[tuple, HomeMemory] = {}
 def home_memory(store_uri: str, cfg: NavProbeConfig) -> HomeMemory:
     """The relations and the per-home places of the memory at ``store_uri`` (read once per
     process and settings)."""
-    from trajrag.memory.forest_store import home_places
-    from trajrag.memory.store import MemoryStore
-    from trajrag.planners.graphrag import SceneGraph
-
     key = (store_uri, cfg.min_support, cfg.place_cell_m)
     if key not in _MEMORIES:
         store = MemoryStore(store_uri, read_only=True)

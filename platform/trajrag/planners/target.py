@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trajrag.mapping.semantic_map import SemanticMap
 from trajrag.planners.base import PlannerContext, candidate_distances
 
 
@@ -30,7 +31,7 @@ def cost_via_frontier(ctx: PlannerContext, target_xy: np.ndarray) -> np.ndarray:
     return candidate_distances(ctx) + target_gaps(ctx, target_xy)
 
 
-def explored_share(sem_map, xy: np.ndarray, radius_m: float) -> float:
+def explored_share(sem_map: SemanticMap, xy: np.ndarray, radius_m: float) -> float:
     """The share of the map cells within ``radius_m`` of ``xy`` (metres) that are explored;
     cells off the map count as unexplored."""
     row, col = (int(v) for v in sem_map.to_cell(np.asarray(xy, dtype=float)))
