@@ -60,6 +60,8 @@ SECTIONS: dict[str, str] = {
     "audit": "trajrag.agent.decisions:AuditConfig",
     "value": "trajrag.planners.frontier_value:ValueConfig",
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
+    "embodied_rag": "trajrag.planners.embodied_rag:EmbodiedRAGConfig",
+    "navprobe": "trajrag.planners.navprobe:NavProbeConfig",
     "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
     "sweep": "trajrag.distributed.sweep:SweepConfig",
 }

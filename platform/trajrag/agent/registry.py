@@ -19,11 +19,13 @@ AGENTS: dict[str, str] = {
     "graphrag": "trajrag.planners.graphrag:make_graphrag_agent",
     "value": "trajrag.planners.frontier_value:make_value_agent",
     "llm": "trajrag.planners.llm:make_llm_agent",
+    "embodied-rag": "trajrag.planners.embodied_rag:make_embodied_rag_agent",
+    "navprobe": "trajrag.planners.navprobe:make_navprobe_agent",
 }
 
 # The agents that read a memory (retrieval.store and its encoder) and those that score frontiers
 # with a value model (scoring.value_model, when set).
-RETRIEVING_AGENTS = ("trajrag", "llm", "graphrag")
+RETRIEVING_AGENTS = ("trajrag", "llm", "graphrag", "embodied-rag", "navprobe")
 VALUE_AGENTS = ("trajrag", "llm", "value")
 
 

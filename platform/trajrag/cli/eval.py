@@ -47,14 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--scenes", required=True, help=SCENES_HELP)
     parser.add_argument("--episodes", required=True, help=EPISODES_HELP)
     parser.add_argument("--planner", required=True,
-                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, value (the learned "
+                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, embodied-rag "
+                        "(semantic forest of the home), navprobe (subgoal agenda), value (the learned "
                         "frontier value alone: --set scoring.value_model=VALUE.json), "
                         "frontier (nearest), random, oracle (shortest walk); frontier-oracle ranks the frontiers with the "
                         "simulator's distances to the goal (the ceiling of every frontier-ranking planner, "
                         "configs/audit.yaml)")
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
-    parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
+    parser.add_argument("--store", default="", help=f"memory store URI (needed by {', '.join(RETRIEVING_AGENTS)})")
     parser.add_argument("--model", default="", help="trained encoder folder or URI (trajrag encoder train --out); the "
                         "store's chunks must hold its embeddings (trajrag encoder eval writes them), or "
                         "--set retrieval.embed_missing=true embeds them in memory at start-up (slow on large stores)")
@@ -207,7 +208,7 @@ def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
     elif args.store and "://" not in args.store and not Path(args.store).is_dir():
         raise UserError(f"--store {args.store}: no memory there: build one with `trajrag corpus build`")
     if any(r.planner in RETRIEVING_AGENTS for r in runs) and not args.store:
-        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH")
+        raise UserError(f"planners {', '.join(RETRIEVING_AGENTS)} retrieve from a memory: pass --store PATH")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
         raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
                         "drop the Ray options (--workers, --shard, --ray-address) and the oracle")

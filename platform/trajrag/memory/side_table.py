@@ -24,11 +24,13 @@ class SideTable:
         except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
             raise StoreError(f"memory store {uri}: {what} cannot be read: {exc}") from exc
 
-    def read(self, columns: list[str]) -> pa.Table | None:
-        """Every row's ``columns``, or None while the table does not exist."""
+    def read(self, columns: list[str], where: str | None = None) -> pa.Table | None:
+        """Every row's ``columns`` (those matching the SQL ``where``), or None while the table
+        does not exist."""
         if self.table is None:
             return None
-        return self.table.search().select(columns).limit(None).to_arrow()
+        query = self.table.search() if where is None else self.table.search().where(where)
+        return query.select(columns).limit(None).to_arrow()
 
     def append(self, rows: pa.Table) -> None:
         """Add ``rows`` (one LanceDB commit), creating the table with their schema the first time."""
