@@ -290,7 +290,7 @@ def test_a_run_json_of_another_shape_is_named_and_left_alone(tmp_path, stored):
     (tmp_path / "frontier").mkdir()
     (tmp_path / "frontier" / "run.json").write_text(stored)
     with pytest.raises(RunSettingsError, match="run.json: not a run settings file"):
-        with claim_runs(tmp_path, {"frontier": run_settings("frontier", [])}):
+        with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings([]))}):
             pass
     assert (tmp_path / "frontier" / "run.json").read_text() == stored
 
@@ -300,7 +300,7 @@ def test_a_run_that_finished_no_episode_is_claimed_again(tmp_path, capsys):
     command must not be told its 0 episodes would mix."""
     from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
 
-    failed, fixed = (run_settings("frontier", [o]) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
+    failed, fixed = (run_settings("frontier", config.settings([o])) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
     for settings in (failed, fixed):
         with claim_runs(tmp_path, {"frontier": settings}):
             pass
@@ -323,7 +323,7 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
     from trajrag.agent import evaluate
     from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
 
-    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
+    first, second = run_settings("frontier", config.settings(NARROW)), run_settings("frontier", config.settings(WIDE))
     check, refused = evaluate._to_claim, []
 
     def checked_while_the_second_comes(run, wanted, alone=True):
@@ -355,7 +355,7 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
 def test_shards_of_one_evaluation_share_a_label_that_other_settings_cannot_take(tmp_path):
     from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
 
-    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
+    first, second = run_settings("frontier", config.settings(NARROW)), run_settings("frontier", config.settings(WIDE))
     shard = [f"episodes.shard-{i}-of-3.jsonl" for i in range(3)]
     with claim_runs(tmp_path, {"frontier": first}, shard[0]), claim_runs(tmp_path, {"frontier": first}, shard[1]):
         with pytest.raises(RunClaimedError, match="walks it with other settings \\(sim.width: 160 -> 320"):
@@ -367,8 +367,9 @@ def test_shards_of_one_evaluation_share_a_label_that_other_settings_cannot_take(
 CLAIMER = """
 import sys
 from pathlib import Path
+from trajrag import config
 from trajrag.agent.evaluate import claim_runs, run_settings
-with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", ["sim.width=160"])}):
+with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", config.settings(["sim.width=160"]))}):
     print("claimed", flush=True)
     sys.stdin.read()  # holds the label until killed
 """
@@ -389,15 +390,15 @@ def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path)
     try:
         assert other.stdout.readline().strip() == "claimed"
         with pytest.raises(RunClaimedError, match=f"pid {other.pid} on "):
-            with claim_runs(tmp_path, {"frontier": run_settings("frontier", NARROW)}):
+            with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings(NARROW))}):
                 pass
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait(timeout=30)
     assert f"pid {other.pid} on " in (tmp_path / "frontier" / "episodes.jsonl.lock").read_text()
-    with claim_runs(tmp_path, {"frontier": run_settings("frontier", WIDE)}):  # its run finished no episode
+    with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings(WIDE))}):  # its run finished no episode
         assert (tmp_path / "frontier" / "episodes.jsonl.lock").read_text().startswith(f"pid {os.getpid()} on ")
-    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == run_settings("frontier", WIDE)
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == run_settings("frontier", config.settings(WIDE))
 
 
 @pytest.mark.parametrize("args,needle", [

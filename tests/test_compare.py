@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from trajrag import config
 from trajrag.agent.evaluate import compare_runs
 from trajrag.cli import main
 
@@ -97,8 +98,8 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     trajrag = {seed0: ["sim.width=320", "scoring.w_value=2"],
                seed1: ["sim.width=160", "scoring.w_value=2", "episodes.max_steps=100"]}
     for folder, overrides in trajrag.items():
-        (folder / "frontier" / "run.json").write_text(json.dumps(run_settings("frontier", ["sim.width=320"])))
-        (folder / "trajrag" / "run.json").write_text(json.dumps(run_settings("trajrag", overrides)))
+        (folder / "frontier" / "run.json").write_text(json.dumps(run_settings("frontier", config.settings(["sim.width=320"]))))
+        (folder / "trajrag" / "run.json").write_text(json.dumps(run_settings("trajrag", config.settings(overrides))))
     (result,) = compare_runs(two_seeds, "frontier")
     # planner settings (scoring) may differ; world settings (sim, episodes) may not
     assert result.warnings == [f"{seed1}: episodes.max_steps: 100 (trajrag) vs (default) (frontier)",
@@ -107,7 +108,7 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     assert "warning: not walked in the same world" in capsys.readouterr().err
 
     # a baseline scored by an older trajrag (success inside the goal region only) is flagged too
-    older = {**run_settings("frontier", ["sim.width=320"]), "format": "trajrag-eval-run/1"}
+    older = {**run_settings("frontier", config.settings(["sim.width=320"])), "format": "trajrag-eval-run/1"}
     (seed0 / "frontier" / "run.json").write_text(json.dumps(older))
     (result,) = compare_runs(two_seeds, "frontier")
     assert result.warnings[0] == (f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs trajrag-eval-run/1 (frontier): "
@@ -139,7 +140,7 @@ def write_walks(folder, label, walks, scene):
 def home():
     from trajrag.world.datasets import load_scenes
 
-    return load_scenes("procedural:train:1")[0]
+    return load_scenes("procedural:train:1", config.settings())[0]
 
 
 @pytest.fixture

@@ -23,9 +23,10 @@ import numpy as np
 from tqdm import tqdm
 
 from trajrag import artefacts, config
+from trajrag.config import Settings
 from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
-from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
+from trajrag.agent.names import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.bootstrap import paired_interval
 from trajrag.file_locks import holder, lock_file, sign
 from trajrag.planners.base import TIMING_LISTS
@@ -245,21 +246,22 @@ def _settings_problem(stored) -> str:
     return "; ".join(wrong)
 
 
-def run_settings(planner: str, overrides: Sequence[str], lifelong: bool = False) -> dict:
+def run_settings(planner: str, settings: Settings, lifelong: bool = False) -> dict:
     """What makes one run's episodes one run: the planner and every ``section.key=value``
-    override it was given (memory and model paths included, as absolute paths when they exist
-    here, so a resume from another folder agrees; the last value of a key wins), the job
-    sections left out; lifelong mode; and what the paths held (``run_inputs``)."""
-    settings: dict[str, str] = {}
-    for item in overrides:
+    override its settings were given (``Settings.overrides``: memory and model paths included,
+    as absolute paths when they exist here, so a resume from another folder agrees; the last
+    value of a key wins), the job sections left out; lifelong mode; and what the paths held
+    (``run_inputs``)."""
+    given: dict[str, str] = {}
+    for item in settings.overrides:
         key, _, value = (part.strip() for part in item.partition("="))
         if key.split(".")[0] not in JOB_SECTIONS:
-            settings[key] = str(Path(value).resolve()) if value and Path(value).exists() else value
-    return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(settings.items())),
-            **({"lifelong": True} if lifelong else {}), "inputs": run_inputs(planner, overrides, lifelong)}
+            given[key] = str(Path(value).resolve()) if value and Path(value).exists() else value
+    return {"format": RUN_SETTINGS_FORMAT, "planner": planner, "overrides": dict(sorted(given.items())),
+            **({"lifelong": True} if lifelong else {}), "inputs": run_inputs(planner, settings, lifelong)}
 
 
-def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -> dict:
+def run_inputs(planner: str, settings: Settings, lifelong: bool = False) -> dict:
     """What a run reads under its paths, by content: a memory rebuilt or grown, an encoder
     trained again or a value fitted again at the same path makes other episodes. For planners
     that retrieve, the memory's chunk and group counts and its chunks' encoder versions (the
@@ -267,7 +269,7 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
     score with a value model, the model file's SHA-256 (first 16 hex digits). A memory may mix
     datasets: ``memory.datasets`` counts its chunks per dataset (``memory_datasets``)."""
     inputs: dict = {}
-    store_uri = config.load("retrieval", overrides).store if planner in RETRIEVING_AGENTS else ""
+    store_uri = settings.retrieval.store if planner in RETRIEVING_AGENTS else ""
     if store_uri:
         from trajrag.memory.store import MemoryStore
 
@@ -281,7 +283,7 @@ def run_inputs(planner: str, overrides: Sequence[str], lifelong: bool = False) -
                                         datasets=memory_datasets(chunks.column("scene_hint").to_pylist()))
         finally:
             store.close()
-    value_model = config.load("scoring", overrides).value_model if planner in VALUE_AGENTS else ""
+    value_model = settings.scoring.value_model if planner in VALUE_AGENTS else ""
     if value_model:
         inputs["value_model_sha256"] = hashlib.sha256(artefacts.local_copy(value_model).read_bytes()).hexdigest()[:16]
     return inputs

@@ -25,6 +25,7 @@ import numpy as np
 
 from trajrag.bench import work_dir
 from trajrag.bench.store import _size_name, _Workload
+from trajrag.config import Settings
 
 
 @dataclass
@@ -84,19 +85,15 @@ def _rate(acked: list[tuple[int, float]], size: int, window: int) -> float:
     return float((counts[b] - counts[a]) / max(times[b] - times[a], 1e-9))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Feed each writer count a fresh store; returns the JSON-able rates."""
     import ray
 
-    from trajrag.config import load
     from trajrag.distributed.corpus import GroupingWriter
     from trajrag.ray_cluster import ensure_ray
 
-    overrides = getattr(args, "overrides", []) or []
     quick = bool(getattr(args, "quick", False))
-    cfg: BuildBenchConfig = load("build_bench", overrides)
-    job = load("corpus_job", overrides)
-    memory_cfg = load("memory", overrides)
+    cfg, job, memory_cfg = settings.build_bench, settings.corpus_job, settings.memory
     sizes = sorted(set(cfg.quick_chunks if quick else cfg.chunks) | ({args.chunks} if getattr(args, "chunks", None) else set()))
     window = cfg.quick_window if quick else cfg.window
     verbose = not getattr(args, "json", False)
@@ -108,7 +105,7 @@ def run(args: argparse.Namespace) -> dict:
     root = work_dir(args, "trajrag-bench-build-")
     try:
         for n in cfg.writers:
-            writer = writer_cls.remote(f"{root}/memory-{n}", overrides, None, n, job.shard_num_cpus)
+            writer = writer_cls.remote(f"{root}/memory-{n}", memory_cfg, None, n, job.shard_num_cpus)
             ray.get(writer.ping.remote())
             acked = _feed(writer, trajs, job.writer_batch, job.max_unacked_batches)
             state = ray.get(writer.state.remote())

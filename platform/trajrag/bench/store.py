@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from trajrag.bench import work_dir, write_rename_ms
+from trajrag.config import Settings
 from trajrag.memory.matching import N_SECTORS, SECTOR_ANGLE
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -264,14 +265,13 @@ class _Workload:
         return synthetic_trajectory(scene, self.rng, f"bench/{self.drawn:07d}")
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Grow a store to each size, time single inserts there; returns the JSON-able results."""
-    from trajrag.config import load
     from trajrag.memory.grouping import PHASES, TrajectoryMemory
     from trajrag.memory.stats import corpus_stats
 
     quick = bool(getattr(args, "quick", False))
-    cfg = load("memory", getattr(args, "overrides", []) or [])
+    cfg = settings.memory
     sizes = dict(_QUICK_SIZES if quick else _SIZES)
     largest = getattr(args, "chunks", None)
     if largest:

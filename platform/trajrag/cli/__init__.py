@@ -1,8 +1,9 @@
 """The ``trajrag`` command line: one subcommand module per capability.
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its subcommand
-and sets ``func`` on the parsed namespace. Errors a user can fix (bad files, bad config) exit
-with status 2 and one clear line, never a traceback.
+and sets ``func`` on the parsed namespace. A command with ``--set`` / ``--preset`` finds its whole
+configuration, loaded once, in ``args.settings`` (``apply_presets``) and hands it down. Errors a
+user can fix (bad files, bad config) exit with status 2 and one clear line, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from trajrag import config
 from trajrag.config import ConfigError
 
 COMMAND_MODULES = (
@@ -95,17 +97,18 @@ def add_override_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_presets(args: argparse.Namespace) -> None:
-    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones, then check
-    every override (``config.check_overrides``: a section and key that exist, a value of its type).
-    A command only loads the sections it uses, so an unchecked typo would be ignored silently."""
+    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones, check every
+    override (``config.check_overrides``: a section and key that exist, a value of its type; a
+    command reads only the sections it uses, so an unchecked typo would be ignored silently), and
+    make the command's configuration, ``args.settings`` (``config.Settings``): the one the
+    command and everything below it read."""
     if not hasattr(args, "overrides"):  # a command without --set / --preset
         return
-    from trajrag.config import check_overrides, preset_overrides
-
     if getattr(args, "presets", None):
-        args.overrides = preset_overrides(args.presets) + args.overrides
+        args.overrides = config.preset_overrides(args.presets) + args.overrides
         args.presets = []
-    check_overrides(args.overrides)
+    config.check_overrides(args.overrides)
+    args.settings = config.settings(args.overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:

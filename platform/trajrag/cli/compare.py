@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from trajrag import config
 from trajrag.cli import UserError, output_folder
 
 
@@ -88,8 +89,8 @@ def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
     from trajrag.agent.evaluate import discordant_pairs, render_pair_png
     from trajrag.world.datasets import DatasetError, load_scenes
 
-    try:
-        scenes = {s.name: s for s in load_scenes(args.scenes)}
+    try:  # compare takes no --set: the scenes as configs/*.yaml build them
+        scenes = {s.name: s for s in load_scenes(args.scenes, config.settings())}
     except (DatasetError, OSError, ValueError) as error:
         raise UserError(f"--scenes {args.scenes}: {error}") from error
     folders = [Path(f) for f in args.folders]

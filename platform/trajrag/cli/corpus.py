@@ -18,6 +18,7 @@ from collections import Counter
 
 from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import SCENES_HELP
+from trajrag.config import Settings
 
 
 _WRITERS_HELP = ("grouping writers, each holding the groups of a share of the scenes (memory/shards.py; "
@@ -124,58 +125,58 @@ def build_command(args: argparse.Namespace) -> int:
         from trajrag.distributed.corpus import build_corpus_ray
 
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
-                                   args.overrides, seed=args.seed, workers=args.workers, writers=args.writers,
+                                   args.settings, seed=args.seed, workers=args.workers, writers=args.writers,
                                    progress=not args.json, ray_address=args.ray_address,
                                    mixed_settings=args.mixed_settings)
         print(json.dumps(summary, indent=None if args.json else 2))
         return 0
-    summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.overrides,
+    summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.settings,
                            seed=args.seed, progress=not args.json, writers=args.writers,
                            mixed_settings=args.mixed_settings)
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
 
 
-def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, overrides=(), seed=None,
+def build_corpus(scene_spec: str, per_scene: int, policy: str, store_uri: str, settings: Settings, seed=None,
                  progress: bool = True, writers: int = 1, mixed_settings: bool = False) -> dict:
     """Collect + convert + insert in this process, the store claimed for the job
-    (``claim_store``); returns counts, decisions, throughput and time per stage. A store whose
-    walks were collected with other settings is refused unless ``mixed_settings``
-    (``memory.build_settings``)."""
-    from trajrag import config
-    from trajrag.agent.collect import collection_settings
+    (``claim_store``), collectors and memory made from ``settings``; returns counts, decisions,
+    throughput and time per stage. A store whose walks were collected with other settings is
+    refused unless ``mixed_settings`` (``memory.build_settings``)."""
+    from trajrag.agent.collect import collection_settings, collector_settings
     from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_scenes
     from trajrag.world.episode_gen import generate_episodes
+    from trajrag.world.geodesic import Motion
 
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
     started = time.perf_counter()
-    scenes = load_scenes(scene_spec, overrides)
-    episode_cfg = config.load("episodes", overrides)
-    episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed)
+    scenes = load_scenes(scene_spec, settings)
+    episode_cfg = settings.episodes
+    episodes = generate_episodes(scenes, per_scene, episode_cfg, episode_cfg.seed if seed is None else seed,
+                                 Motion.from_sim_config(collector_settings(settings).sim))
     with claim_store(store_uri, f"corpus build of {scene_spec}"):
-        BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
-        return _collect_and_insert(scenes, episodes, policy, store_uri, overrides, progress, started, writers)
+        BuildSettings(store_uri).admit(collection_settings(settings, scenes), mixed_settings)
+        return _collect_and_insert(scenes, episodes, policy, store_uri, settings, progress, started, writers)
 
 
-def _collect_and_insert(scenes: list, episodes: list, policy: str, store_uri: str, overrides, progress: bool,
-                        started: float, writers: int = 1) -> dict:
+def _collect_and_insert(scenes: list, episodes: list, policy: str, store_uri: str, settings: Settings,
+                        progress: bool, started: float, writers: int = 1) -> dict:
     """``build_corpus``'s work once the store is claimed: the episodes not yet stored, walked and
     inserted in plan order, a batch at a time."""
     from tqdm import tqdm
 
-    from trajrag import config
     from trajrag.agent.collect import Collector, episode_policy, trajectory_id
     from trajrag.memory.shards import open_memory
     from trajrag.memory.value_log import ValueLog
 
     # With several writers this process runs them one after another: the same memory as the Ray
     # build with --writers, no faster.
-    memory = open_memory(store_uri, config.load("memory", overrides), writers)
+    memory = open_memory(store_uri, settings.memory, writers)
     value_log = ValueLog(store_uri)
-    collector = Collector(overrides)
+    collector = Collector(settings)
     todo = [e for e in episodes if not memory.known(
         trajectory_id(e, episode_policy(e, policy, collector.cfg.oracle_fraction, collector.cfg.seed)))]
     setup_s = time.perf_counter() - started
@@ -224,7 +225,6 @@ def _collect_and_insert(scenes: list, episodes: list, policy: str, store_uri: st
 
 
 def regroup_command(args: argparse.Namespace) -> int:
-    from trajrag import config
     from trajrag.memory.regroup import regroup
     from trajrag.memory.stats import corpus_stats
 
@@ -232,7 +232,7 @@ def regroup_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.writers < 1:
         raise UserError(f"--writers must be >= 1, got {args.writers}")
-    replayed = regroup(args.store, args.out, config.load("memory", args.overrides), progress=not args.json,
+    replayed = regroup(args.store, args.out, args.settings.memory, progress=not args.json,
                        writers=args.writers)
     seconds = time.perf_counter() - start
     summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
@@ -242,10 +242,9 @@ def regroup_command(args: argparse.Namespace) -> int:
 
 
 def fit_verifier_command(args: argparse.Namespace) -> int:
-    from trajrag import config
     from trajrag.memory.verifier import collect, fit
 
-    cfg = config.load("memory", args.overrides)
+    cfg = args.settings.memory
     start = time.perf_counter()
     try:
         report = fit(collect(args.store, cfg, progress=not args.json), cfg)
@@ -271,11 +270,10 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def stats_command(args: argparse.Namespace) -> int:
-    from trajrag import config
     from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.stats import corpus_stats
 
-    memory_cfg = config.load("memory", args.overrides)
+    memory_cfg = args.settings.memory
     ceiling = (memory_cfg.min_inliers, memory_cfg.merge_radius_m) if args.ceiling else None
     stats = corpus_stats(args.store, ceiling)
     stats["build_settings"] = BuildSettings(args.store).recorded()

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from trajrag.encoder import EncoderError
+
+if TYPE_CHECKING:  # the memory (LanceDB) is imported where a store is written
+    from trajrag.memory.grouping import MemoryConfig
 
 N_SECTORS = 12
 
@@ -207,17 +210,16 @@ def worker_batches(anchors: np.ndarray, positives: np.ndarray, batch_size: int, 
 
 
 # -- synthetic stores (development, tests, benchmarks) ----------------------------------------------
-def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, *,
-                    length: tuple[int, int] = (5, 20), memory_overrides: Sequence[str] = ()) -> dict:
+def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, memory_cfg: MemoryConfig, *,
+                    length: tuple[int, int] = (5, 20)) -> dict:
     """Insert ``per_scene`` synthetic trajectories of each of ``n_scenes`` synthetic homes into the
-    store at ``uri`` (created if needed) through the real memory (matching, grouping,
-    redundancy); returns the decision counts."""
-    from trajrag import config as config_mod
+    store at ``uri`` (created if needed) through the real memory (``memory_cfg``: the ``memory``
+    section: matching, grouping, redundancy); returns the decision counts."""
     from trajrag.bench.store import synthetic_scene, synthetic_trajectory
     from trajrag.memory.grouping import TrajectoryMemory, decision_counts
 
     rng = np.random.default_rng(seed)
-    memory = TrajectoryMemory(uri, config_mod.load("memory", memory_overrides))
+    memory = TrajectoryMemory(uri, memory_cfg)
     trajs = []
     for s in range(n_scenes):
         scene = synthetic_scene(rng, f"synthetic-{seed}-{s:03d}")

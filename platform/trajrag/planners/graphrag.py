@@ -108,17 +108,14 @@ class GraphRAGPlanner(RetrievalTimings):
 _GRAPHS: dict[tuple[str, int], SceneGraph] = {}
 
 
-def make_graphrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the GraphRAG planner over ``retrieval.store``."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
+def shared_scene_graph(store: str, min_support: int) -> SceneGraph:
+    """One scene graph per process, store and ``graphrag.min_support`` (every agent of an
+    evaluation shares it); ``RetrievalError`` without a store."""
     from trajrag.retrieval.retriever import RetrievalError
 
-    cfg: GraphRAGConfig = config.load("graphrag", overrides)
-    store = config.load("retrieval", overrides).store
     if not store:
         raise RetrievalError("graphrag needs a memory store: pass --store PATH")
-    key = (store, cfg.min_support)
+    key = (store, min_support)
     if key not in _GRAPHS:
-        _GRAPHS[key] = SceneGraph.from_store(store, cfg.min_support)
-    return make_navigator(GraphRAGPlanner(_GRAPHS[key], cfg), sim_cfg, overrides, seed)
+        _GRAPHS[key] = SceneGraph.from_store(store, min_support)
+    return _GRAPHS[key]
