@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trajrag import config
-from trajrag.agent.evaluate import compare_runs
+from trajrag.agent.paired import compare_runs
 from trajrag.cli import main
 
 
@@ -80,7 +80,7 @@ def test_a_missing_folder_is_named(tmp_path, capsys):
 
 
 def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_seeds):
-    from trajrag.agent.evaluate import write_results_table
+    from trajrag.agent.results_table import write_results_table
 
     seed0 = two_seeds[0]
     table = write_results_table({"frontier": {"episodes": 2}, "trajrag": {"episodes": 2}}, seed0)
@@ -92,7 +92,7 @@ def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_s
 def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     """A run paired with a baseline walked at another resolution (or episode budget) compares
     worlds, not planners: the comparison says so, from the runs' run.json."""
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     seed0, seed1 = two_seeds
     trajrag = {seed0: ["sim.width=320", "scoring.w_value=2"],
@@ -154,7 +154,7 @@ def one_home_runs(tmp_path, home):
 
 
 def test_lost_and_won_episodes_come_worst_first(one_home_runs):
-    from trajrag.agent.evaluate import discordant_pairs
+    from trajrag.agent.paired import discordant_pairs
 
     lost, won = discordant_pairs([one_home_runs], "frontier", "trajrag")
     assert [p.run["episode_id"] for p in lost] == ["1", "0"]  # SPL lost: 0.9, then 0.3
@@ -218,7 +218,7 @@ def test_help_shows_percent_signs_once(capsys):
 
 
 def test_the_results_table_names_a_run_with_a_bad_record_instead_of_dropping_its_pairs(two_seeds, capsys):
-    from trajrag.agent.evaluate import write_results_table
+    from trajrag.agent.results_table import write_results_table
 
     seed0 = two_seeds[0]
     path = seed0 / "trajrag" / "episodes.jsonl"

@@ -366,7 +366,7 @@ def test_real_smollm2_makes_decisions_end_to_end(capsys):
 # -- the factory in the navigation loop -------------------------------------------------------------------
 def test_llm_agent_runs_an_episode_with_the_fixed_backend():
     from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.evaluate import _record
+    from trajrag.agent.evaluate import episode_record
     from trajrag.agent.registry import make_llm_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
@@ -377,7 +377,7 @@ def test_llm_agent_runs_an_episode_with_the_fixed_backend():
     episode = load_episodes("generated:1", scenes, config.settings())[0]
     agent = make_llm_agent(settings, seed=0)
     result = run_episode(GridSimulator(settings.sim), agent, episode, scenes[0], settings.episodes, max_steps=60)
-    stats = _record(result, agent)["planner_stats"]
+    stats = episode_record(result, agent)["planner_stats"]
     assert stats["decisions"] == agent.stats.planner_calls >= 1
     assert stats["fallbacks"] == 0 and stats["parse_failures"] == 0  # choice 0 is always valid
 

@@ -142,7 +142,8 @@ def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(
 
 
 def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_its_dataset(scan_folder, tmp_path):
-    from trajrag.agent.evaluate import evaluate_agent, memory_datasets
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.run_claims import memory_datasets
     from trajrag.agent.registry import make_frontier_agent
     from trajrag.world.sim import GridSimulator
 

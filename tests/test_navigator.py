@@ -11,7 +11,7 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.evaluate import _record
+from trajrag.agent.evaluate import episode_record
 from trajrag.agent.registry import make_frontier_agent, make_random_agent
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.datasets import load_episodes, load_scenes
@@ -44,7 +44,7 @@ def test_episode_export_carries_a_loop_free_topo_polar_trajectory(world):
     scene, episodes, settings = world
     agent = make_random_agent(settings, seed=3)
     result = run_episode(GridSimulator(settings.sim), agent, episodes[0], scene, settings.episodes, max_steps=120)
-    record = _record(result, agent)
+    record = episode_record(result, agent)
     topo = TopoPolarTrajectory.from_dict(record["topo_polar"])
     assert len(topo) >= 1 and topo.goal == episodes[0].object_category
     assert len(set(topo.node_ids.tolist())) == len(topo)  # f_PL: every node once

@@ -581,7 +581,7 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 
 
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     # (nearest frontier reads neither path, so nothing is opened to record its content)
     settings = run_settings("frontier", config.settings(["retrieval.store=s3://bucket/M", "scoring.w_value=1",
@@ -591,7 +591,7 @@ def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
 
 
 def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, monkeypatch):
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     (tmp_path / "M").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -34,7 +34,8 @@ class UserError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
-    from trajrag.agent.evaluate import RecordsError, RunClaimedError, RunSettingsError
+    from trajrag.agent.run_claims import RunClaimedError, RunSettingsError
+    from trajrag.agent.run_records import RecordsError
     from trajrag.agent.value_parts import ValueWalkError
     from trajrag.memory.store import StoreError
     from trajrag.planners.chat import ChatError

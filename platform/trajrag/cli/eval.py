@@ -3,7 +3,7 @@
 Each (planner, variant) is one *run* labelled ``planner`` or ``planner-variant`` (or ``--label``):
 its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips finished
 episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
-``--set`` values, memory and model, and what those held: ``agent.evaluate.run_inputs``) to
+``--set`` values, memory and model, and what those held: ``agent.run_claims.run_inputs``) to
 ``<out>/<label>/run.json``: a resume with other settings, or on a memory, encoder or value that
 changed under the same path, is refused, so one label never mixes two configurations; and while
 a process walks a label, another eval of it stops (``claim_runs``; the shards of one evaluation share it).
@@ -146,7 +146,10 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from trajrag.agent.evaluate import claim_runs, evaluate_agent, json_safe, run_settings, write_results_table
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.results_table import write_results_table
+    from trajrag.agent.run_claims import claim_runs, run_settings
+    from trajrag.agent.run_records import json_safe
     from trajrag.agent.registry import make_agent
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_episodes, load_scenes

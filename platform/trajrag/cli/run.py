@@ -236,8 +236,9 @@ def fit_value_stage(store: str, value: str, settings: Settings, say, corpus_grew
 def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: Path, settings: Settings,
              say) -> dict:
     """Stages 3 and 4: every agent on the evaluation episodes, the table and the pictures."""
-    from trajrag.agent.evaluate import (claim_runs, evaluate_agent, render_episode_png, run_settings,
-                                        write_results_table)
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.results_table import render_episode_png, write_results_table
+    from trajrag.agent.run_claims import claim_runs, run_settings
     from trajrag.agent.registry import make_agent
     from trajrag.distributed.evaluate import evaluate_ray
     from trajrag.world.datasets import load_episodes, load_scenes

@@ -14,7 +14,7 @@ spread over a Ray cluster:
   them.
 * **Evaluate.** ``EvaluatorWorker`` actors (a simulator + the agent each) pull shards of episodes
   from the driver's queue and stream each finished episode back (a Ray streaming generator) as
-  its JSONL record, made by ``agent.evaluate._record`` after ``agent.episode_runner.run_episode``:
+  its JSONL record, made by ``agent.evaluate.episode_record`` after ``agent.episode_runner.run_episode``:
   one implementation of the episode loop for both paths.
 * **Write.** The driver appends each record to the run's JSONL as it arrives (flushed per line):
   ``episodes.jsonl``, or ``episodes.shard-I-of-N.jsonl`` for a shard, so each file has exactly one
@@ -49,7 +49,7 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
-from trajrag.agent.evaluate import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
+from trajrag.agent.run_records import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
 from trajrag.config import Settings
 from trajrag.distributed.corpus import FaultPlan
 from trajrag.distributed.shards import (
@@ -135,13 +135,13 @@ class EvaluatorWorker:
     def evaluate(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
         """Run ``episodes`` (planned ``indices``) one by one, yielding an ``EvalItem`` each."""
         from trajrag.agent.episode_runner import run_episode
-        from trajrag.agent.evaluate import _record
+        from trajrag.agent.evaluate import episode_record
         from trajrag.distributed.serve_planner import ServeUnavailableError
 
         def evaluate_one(index: int, episode: Any) -> EvalItem:
             scene = self.scenes.get(episode.scene_key, scene_refs)
             result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
-            return EvalItem(index, record=_record(result, self.agent))
+            return EvalItem(index, record=episode_record(result, self.agent))
 
         def failed(index: int, exc: Exception) -> EvalItem:
             if isinstance(exc, ServeUnavailableError):  # Serve restarting: the episode is re-queued
@@ -591,10 +591,10 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
 
 def records_summary(records: Sequence[dict]) -> dict:
     """``evaluate_agent``'s summary of finished records: metric means and planner counters."""
-    from trajrag.agent.evaluate import _metrics, perception_counters, planner_counters
+    from trajrag.agent.run_records import perception_counters, planner_counters, record_metrics
     from trajrag.world.metrics import summarize
 
-    summary = summarize([_metrics(r["metrics"]) for r in records])
+    summary = summarize([record_metrics(r["metrics"]) for r in records])
     summary.update(planner_counters(records))
     summary.update(perception_counters(records))
     return summary

@@ -482,7 +482,7 @@ class RemotePlanner(RetrievalTimings):
         self.retries = 0
 
     def episode_stats(self) -> dict:
-        """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
+        """Per-episode counters for the evaluation records (``agent.evaluate.episode_record``)."""
         return {**super().episode_stats(), "serve_ms": [round(t, 3) for t in self.serve_ms],
                 "serve_overhead_ms": [round(t, 3) for t in self.serve_overhead_ms],
                 "serve_retries": self.retries}
