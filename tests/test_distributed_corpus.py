@@ -88,7 +88,7 @@ def test_trajectories_reach_the_memory_in_plan_order_whatever_order_collectors_f
     decided = MemoryStore(str(tmp_path / "store"), read_only=True).read(DECISIONS, ["trajectory_id"])
     assert decided.column("trajectory_id").to_pylist() == in_plan_order
     # One process walks the plan in order: the same memory, chunk for chunk and group for group.
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
     build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), config.settings(TINY), progress=False)
     assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
@@ -127,7 +127,7 @@ def test_sharded_writers_build_exactly_once_through_a_writer_crash_as_one_proces
     assert marker.exists() and summary["faults"]["writer_failures"] >= 1
     assert summary["decisions"].get("duplicate", 0) >= 1
     assert_exactly_once(tmp_path / "store", planned)
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
     build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), config.settings(TINY), progress=False, writers=2)
     assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
@@ -135,7 +135,7 @@ def test_sharded_writers_build_exactly_once_through_a_writer_crash_as_one_proces
 
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
     from trajrag.cli import main
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
     store = tmp_path / "store"
     argv = ["corpus", "build", "--scenes", SCENES, "--episodes-per-scene", str(PER_SCENE),

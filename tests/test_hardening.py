@@ -135,7 +135,7 @@ def test_encoder_eval_embeds_a_store_too_small_for_recall_and_trajrag_then_evalu
     """One walk: no held-out chunk shares its group, so recall cannot be measured; the embeddings
     are written all the same and the JSON says why recall is missing."""
     from trajrag import config
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
     from trajrag.encoder.model import build_model, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder
 

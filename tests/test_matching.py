@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.matching import (
     EVIDENCE,
@@ -25,6 +24,7 @@ from trajrag.memory.matching import (
     sector_similarity,
     sector_similarity_all,
 )
+from trajrag.memory.synthetic import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.topo.labels import FREE, UNKNOWN
 
 

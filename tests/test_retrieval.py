@@ -98,7 +98,7 @@ def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_re
 
 
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
 
     store, model_dir = nav_memory
     traj = _stored_success(store)
@@ -112,7 +112,7 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
 
 
 def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
     from trajrag.topo.candidates import MapPlace
 
     store, model_dir = nav_memory

@@ -1,7 +1,7 @@
 """``trajrag bench build``: trajectories per second into the memory, with 1 and N grouping writers.
 
 The corpus job's writer side alone (``distributed.corpus.GroupingWriter``, with ``writers`` > 1
-its shard actors, ``memory.shards``): pre-collected trajectories (``bench.store``'s synthetic
+its shard actors, ``memory.shards``): pre-collected trajectories (``memory.synthetic``'s
 homes, the chunk text attached as collectors attach it) go to the writer in batches of
 ``corpus_job.writer_batch`` with ``corpus_job.max_unacked_batches`` in flight, as fast as it
 acknowledges them, into a fresh store, up to each size of ``build_bench.chunks`` (trajectories

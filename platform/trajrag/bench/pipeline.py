@@ -102,7 +102,7 @@ def small_memory(root: Path, scenes: str, per_scene: int, settings: Settings) ->
     """A small real memory for retrieval: oracle walks of ``scenes`` converted and grouped into a
     store, and an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0) whose
     embeddings are written to every chunk. Returns ``(store URI, model folder)``."""
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
     from trajrag.encoder.evaluate import embed_store
     from trajrag.encoder.model import build_model, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder

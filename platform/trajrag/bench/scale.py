@@ -1,7 +1,7 @@
 """``trajrag bench scale --chunks N``: the fine stage's ANN search on a LanceDB store of N chunks.
 
 1. **Source chunks** ("real ones"): the chunks of ``scale_bench.source_store``, or, when it is
-   empty, a small corpus collected on the fly (``cli.corpus.build_corpus``: procedural homes,
+   empty, a small corpus collected on the fly (``agent.corpus.build_corpus``: procedural homes,
    the collectors' real pipeline). Embeddings: the stored ones when every source chunk has one,
    else computed by a freshly initialised (untrained) trajectory encoder (``encoder.model``:
    ``build_model`` saved with ``save_model_dir``, applied through ``TrajectoryEncoder``); the
@@ -148,7 +148,7 @@ def _read_source(store_uri: str) -> tuple[Any, dict, dict[int, str]]:
                                 "edges", "reference_yaw", "description", "embedding",
                                 "encoder_version", "policy", "success"])
     if table.num_rows == 0:
-        from trajrag.cli import UserError
+        from trajrag.errors import UserError
 
         raise UserError(f"scale_bench.source_store {store_uri}: the store has no chunks")
     names = {label: name for name, label in store.vocabulary().items()}
@@ -170,7 +170,7 @@ def _ragged(table: Any) -> Ragged:
 def _build_source_corpus(cfg: ScaleBenchConfig, folder: str, settings: Settings, progress: bool) -> str:
     """A small real corpus (the `trajrag corpus build` code path) in ``folder``, with
     ``scale_bench.source_overrides`` beneath the settings' own; its URI."""
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
     uri = os.path.join(folder, "source")
     build_corpus(cfg.source_scenes, cfg.source_episodes_per_scene, cfg.source_policy, uri,
@@ -544,7 +544,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     quick = bool(getattr(args, "quick", False))
     n_chunks = int(getattr(args, "chunks", None) or (cfg.quick_chunks if quick else cfg.chunks))
     if n_chunks < 1:
-        from trajrag.cli import UserError
+        from trajrag.errors import UserError
 
         raise UserError(f"--chunks must be >= 1, got {n_chunks}")
     progress = not getattr(args, "json", False)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from trajrag import config
-from trajrag.config import ConfigError
+from trajrag.errors import ConfigError, UserError
 
 COMMAND_MODULES = (
     "trajrag.cli.run",
@@ -26,10 +26,6 @@ COMMAND_MODULES = (
     "trajrag.cli.compare",
     "trajrag.cli.value",
 )
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed as one line, exit status 2."""
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -164,7 +164,7 @@ def pipeline_ray(workers: int, settings: Settings) -> Iterator[None]:
 
 def build_memory(cfg: RunConfig, store: str, settings: Settings, progress: bool, say) -> dict:
     """Stage 1: the corpus into ``store`` (Ray collectors; resumable)."""
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
     from trajrag.distributed.corpus import build_corpus_ray
 
     say(f"[1/5] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
@@ -274,7 +274,8 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
 def decision_picture(sim, episode, scenes, settings: Settings, out: Path) -> Path | None:
     """``decision.png``: the most decisive TrajRAG decision of the first episode, replayed."""
     from trajrag.agent.registry import make_agent
-    from trajrag.retrieval.viz import record_decisions, render_decision_png
+    from trajrag.agent.replay import record_decisions
+    from trajrag.retrieval.viz import render_decision_png
 
     scene = next(s for s in scenes if s.name == episode.scene_key)
     decisions = record_decisions(make_agent("trajrag", settings), sim, episode, scene, settings.episodes)

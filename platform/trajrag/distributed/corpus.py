@@ -1,6 +1,6 @@
 """The corpus build on Ray: N collector actors -> one grouping actor (the single writer).
 
-The same inputs and summary as ``trajrag.cli.corpus.build_corpus`` (one process), spread over
+The same inputs and summary as ``trajrag.agent.corpus.build_corpus`` (one process), spread over
 a Ray cluster:
 
 * **Plan.** The driver loads the scenes (into the object store, once), generates the episodes
@@ -60,6 +60,7 @@ from trajrag.distributed.shards import (
     first_line,
     timed_items,
 )
+from trajrag.errors import UserError
 from trajrag.memory.grouping import MemoryConfig
 from trajrag.ray_cluster import ensure_ray
 
@@ -582,7 +583,6 @@ def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, settings: 
     """Scenes (as object refs), episodes (for the collectors' motion, ``collector_settings``)
     and the trajectory id of each episode (``policy`` resolved per episode)."""
     from trajrag.agent.collect import collector_settings, episode_policy, trajectory_id
-    from trajrag.cli import UserError
     from trajrag.world.geodesic import Motion
 
     corpus_cfg = settings.corpus
@@ -646,7 +646,6 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     per-actor times and what the fault handling did. Uses the running Ray if there is one, else
     starts a local one for the job.
     """
-    from trajrag.cli import UserError
     from trajrag.agent.collect import collection_settings
     from trajrag.memory.build_settings import BuildSettings
     from trajrag.memory.store import claim_store
@@ -680,8 +679,6 @@ def _build(cfg: CorpusJobConfig, actors: _Actors, scenes: list, scene_spec: str,
            settings: Settings, seed: int | None, progress: bool, started: float) -> dict:
     """Plan, ask the store what is missing, run the pipeline, summarise."""
     from tqdm import tqdm
-
-    from trajrag.cli import UserError
 
     scene_refs, episodes, ids = _plan(scenes, scene_spec, per_scene, policy, settings, seed, cfg, progress)
     writer = actors.writer()

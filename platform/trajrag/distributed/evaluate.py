@@ -52,6 +52,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 from trajrag.agent.run_records import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
 from trajrag.config import Settings
 from trajrag.distributed.corpus import FaultPlan
+from trajrag.distributed.serve_planner import PlannerServeConfig
 from trajrag.distributed.shards import (
     ActorDown,
     SceneCache,
@@ -61,7 +62,7 @@ from trajrag.distributed.shards import (
     first_line,
     timed_items,
 )
-from trajrag.distributed.serve_planner import PlannerServeConfig
+from trajrag.errors import UserError
 from trajrag.ray_cluster import ensure_ray
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
@@ -403,8 +404,6 @@ class _EvalPipeline:
 # -- entry points ---------------------------------------------------------------------------------
 def job_config(cfg: EvalJobConfig, workers: int | None = None) -> EvalJobConfig:
     """The ``eval_job`` section ``cfg`` with ``workers`` replacing ``evaluators`` if given."""
-    from trajrag.cli import UserError
-
     if workers is not None:
         cfg = replace(cfg, evaluators=int(workers))
     if cfg.evaluators < 1:
@@ -446,8 +445,6 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
     the job's counts, ``episodes_per_h``, seconds per stage, Serve latencies and fault handling.
     ``on_record(record)`` runs in the driver after each record is written.
     """
-    from trajrag.cli import UserError
-
     started = time.perf_counter()
     cfg = job_config(settings.eval_job, workers)
     served = planner in SERVED_PLANNERS
@@ -499,7 +496,6 @@ def _warn_if_too_small(cfg: EvalJobConfig, served: bool) -> None:
 
 
 def _deploy(settings: Settings, serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:
-    from trajrag.cli import UserError
     from trajrag.distributed.serve_planner import deploy_planner_app
 
     started = time.perf_counter()
@@ -520,8 +516,6 @@ def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settin
     scene_refs = {s.name: ray.put(s) for s in scenes if s.name in needed}
     missing = needed - set(scene_refs)
     if missing:
-        from trajrag.cli import UserError
-
         raise UserError(f"episodes of scene(s) {sorted(missing)[:3]} but no such scene was loaded")
     evaluator_cls = ray.remote(EvaluatorWorker).options(
         num_cpus=cfg.evaluator_num_cpus, max_restarts=cfg.evaluator_max_restarts, max_task_retries=0)

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from trajrag import artefacts, config
 from trajrag.config import ConfigError, Settings
+from trajrag.errors import UserError
 
 PARAM_KINDS = ("uniform", "loguniform", "randint")
 OBJECTIVES = ("sr", "spl")
@@ -74,8 +75,6 @@ class SweepConfig:
 
 def check_config(cfg: SweepConfig) -> None:
     """``UserError`` naming the first bad value of the sweep config."""
-    from trajrag.cli import UserError
-
     if cfg.objective not in OBJECTIVES:
         raise UserError(f"sweep.objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
     if cfg.mode not in ("max", "min"):
@@ -218,7 +217,6 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, settings: Settings, *
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from trajrag.cli import UserError
     from trajrag.ray_cluster import ensure_ray
 
     started = time.perf_counter()

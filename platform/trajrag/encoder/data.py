@@ -11,7 +11,7 @@
   topological group or sharing the same navigation goal"); every worker gets the same number
   of pairs, so the gathered batches line up.
 * ``synthetic_store``: a small store of synthetic homes for development and tests (the
-  generators of ``trajrag.bench.store`` inserted through ``TrajectoryMemory``).
+  generators of ``trajrag.memory.synthetic`` inserted through ``TrajectoryMemory``).
 """
 
 from __future__ import annotations
@@ -215,8 +215,8 @@ def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, memory_c
     """Insert ``per_scene`` synthetic trajectories of each of ``n_scenes`` synthetic homes into the
     store at ``uri`` (created if needed) through the real memory (``memory_cfg``: the ``memory``
     section: matching, grouping, redundancy); returns the decision counts."""
-    from trajrag.bench.store import synthetic_scene, synthetic_trajectory
     from trajrag.memory.grouping import TrajectoryMemory, decision_counts
+    from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
 
     rng = np.random.default_rng(seed)
     memory = TrajectoryMemory(uri, memory_cfg)
