@@ -20,6 +20,7 @@ from trajrag.agent.decisions import AuditConfig, DecisionAudit, decision_quality
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.run_records import (AgentRun, cut_torn_tail, perception_counters, planner_counters, record_metrics,
                                        write_json)
+from trajrag.topo.describe import describe
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import scene_goal_field
 from trajrag.world.metrics import summarize
@@ -87,8 +88,6 @@ def episode_record(result: EpisodeResult, agent) -> dict:
     for agents that map what they see, the topo-polar trajectory and its description."""
     record = result.to_dict()
     if hasattr(agent, "topo_trajectory"):
-        from trajrag.topo.describe import describe
-
         topo = agent.topo_trajectory(success=result.metrics.success)
         record["topo_polar"] = topo.to_dict()
         record["description"] = describe(topo)

@@ -33,14 +33,17 @@ from typing import Optional
 
 import numpy as np
 
+from trajrag.agent.episode_runner import run_episode
 from trajrag.config import ConfigError, Settings
+from trajrag.world.datasets import load_scenes
 from trajrag.world.episode import ObjectNavEpisode
-from trajrag.world.episode_gen import EpisodeConfig, plan_action_path, scene_goal_field
+from trajrag.world.episode_gen import EpisodeConfig, generate_episodes, plan_action_path, scene_goal_field
 from trajrag.world.frames import Pose2D
 from trajrag.world.geodesic import ActionPath, GoalField, Motion
 from trajrag.world.interface import Action, Observations
+from trajrag.world.metrics import summarize
 from trajrag.world.scene import Scene
-from trajrag.world.sim import SimConfig
+from trajrag.world.sim import GridSimulator, SimConfig
 
 
 @dataclass
@@ -136,12 +139,6 @@ def oracle_benchmark(scene_spec: str, episodes_per_scene: int, seed: int, settin
     whole forward steps. No agent of 0.25 m steps beats it (up to the geodesic's small
     overestimate, ``world/geodesic.py``); the 30-degree headings cost another 2-3 %."""
     import math
-
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.world.datasets import load_scenes
-    from trajrag.world.episode_gen import generate_episodes
-    from trajrag.world.metrics import summarize
-    from trajrag.world.sim import GridSimulator
 
     oracle_cfg, episode_cfg = settings.oracle, settings.episodes
     sim_cfg = settings.with_overrides([f"sim.{o}" for o in oracle_cfg.benchmark_sim_overrides], beneath=True).sim

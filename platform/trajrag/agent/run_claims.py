@@ -19,6 +19,7 @@ from trajrag.agent.names import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.agent.run_records import AgentRun, shown, write_json
 from trajrag.config import Settings
 from trajrag.file_locks import holder, lock_file, sign
+from trajrag.memory.store import MemoryStore
 
 
 # /2: success counts a STOP under episodes.success_tolerance_m (0.1 m, habitat's) outside the goal
@@ -92,8 +93,6 @@ def run_inputs(planner: str, settings: Settings, lifelong: bool = False) -> dict
     inputs: dict = {}
     store_uri = settings.retrieval.store if planner in RETRIEVING_AGENTS else ""
     if store_uri:
-        from trajrag.memory.store import MemoryStore
-
         store = MemoryStore(store_uri, read_only=True)
         try:
             chunks = store.read("chunks", ["encoder_version", "scene_hint"])

@@ -26,6 +26,8 @@ import numpy as np
 from trajrag.bench import work_dir
 from trajrag.bench.store import _size_name, _Workload
 from trajrag.config import Settings
+from trajrag.memory.grouping import chunk_description
+from trajrag.ray_cluster import ensure_ray
 
 
 @dataclass
@@ -42,8 +44,6 @@ class BuildBenchConfig:
 
 def _trajectories(n: int, seed: int, per_scene: int) -> list:
     """``n`` synthetic trajectories as collectors hand them over (chunk text attached)."""
-    from trajrag.memory.grouping import chunk_description
-
     work = _Workload(seed, per_scene)
     trajs = []
     for _ in range(n):
@@ -90,7 +90,6 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     import ray
 
     from trajrag.distributed.corpus import GroupingWriter
-    from trajrag.ray_cluster import ensure_ray
 
     quick = bool(getattr(args, "quick", False))
     cfg, job, memory_cfg = settings.build_bench, settings.corpus_job, settings.memory

@@ -28,6 +28,8 @@ import numpy as np
 
 from trajrag.config import Settings
 from trajrag.encoder.data import EncodedSet
+from trajrag.encoder.train import run_trainer
+from trajrag.ray_cluster import ensure_ray
 
 # MiniLM's width: the default node encoder (configs/encoder.yaml node.model_dir).
 NODE_DIM = 384
@@ -54,9 +56,6 @@ def synthetic_set(n: int, groups: int, min_nodes: int, max_nodes: int, dim: int,
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict:
-    from trajrag.encoder.train import run_trainer
-    from trajrag.ray_cluster import ensure_ray
-
     cfg = settings.encoder
     bench = cfg.bench
     n = _QUICK_TRAJECTORIES if args.quick else bench.trajectories

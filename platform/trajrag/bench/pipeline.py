@@ -40,7 +40,18 @@ from pathlib import Path
 
 import numpy as np
 
+from trajrag.agent.corpus import build_corpus
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
 from trajrag.config import Settings
+from trajrag.distributed.serve_planner import decision_request, delete_planner_app, deploy_planner_app
+from trajrag.encoder.evaluate import embed_store
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.planners.frontier import NearestFrontierPlanner
+from trajrag.planners.frontier_value import load_value_model
+from trajrag.ray_cluster import ensure_ray
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
 
 
 @dataclass
@@ -102,10 +113,7 @@ def small_memory(root: Path, scenes: str, per_scene: int, settings: Settings) ->
     """A small real memory for retrieval: oracle walks of ``scenes`` converted and grouped into a
     store, and an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0) whose
     embeddings are written to every chunk. Returns ``(store URI, model folder)``."""
-    from trajrag.agent.corpus import build_corpus
-    from trajrag.encoder.evaluate import embed_store
     from trajrag.encoder.model import build_model, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
     store, model_dir = str(root / "memory"), str(root / "model")
     build_corpus(scenes, per_scene, "oracle", store, settings, progress=False)
@@ -150,8 +158,6 @@ class RecordingPlanner:
         self.inner.reset(goal, seed)
 
     def choose(self, ctx) -> int:
-        from trajrag.distributed.serve_planner import decision_request
-
         self.requests.append(decision_request(ctx, self.value))
         return self.inner.choose(ctx)
 
@@ -159,12 +165,6 @@ class RecordingPlanner:
 def record_decisions(scenes: list, episodes: list, settings: Settings, at_least: int = 5) -> list[dict]:
     """Decision requests of nearest-frontier walks of the benchmark episodes, in order, until at
     least ``at_least`` decisions were recorded (realistic candidate payloads for the replay)."""
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.frontier import NearestFrontierPlanner
-    from trajrag.planners.frontier_value import load_value_model
-    from trajrag.world.sim import GridSimulator
-
     scoring, navigator = settings.scoring, settings.navigator
     value = load_value_model(scoring.value_model, navigator.vocabulary, scoring)
     planner = RecordingPlanner(NearestFrontierPlanner(navigator.frontier_hysteresis_m), value)
@@ -212,7 +212,6 @@ def serve_comparison(requests: list[dict], warmup: list[dict], settings: Setting
     from ray import serve
 
     from trajrag.distributed.evaluate import job_config
-    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
 
     if not requests:
         raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
@@ -250,8 +249,6 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, settings: Settings, pr
     """The evaluation throughput and the Serve latency on one memory (given or built small), the
     bench's own overrides beneath ``settings``' own."""
     from trajrag.distributed.evaluate import job_config
-    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
-    from trajrag.world.datasets import load_episodes, load_scenes
 
     memory_scenes = cfg.quick_eval_memory_scenes if quick else cfg.eval_memory_scenes
     memory_per_scene = cfg.quick_eval_memory_episodes_per_scene if quick else cfg.eval_memory_episodes_per_scene
@@ -292,7 +289,6 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, settings: Settings, pr
 def run(args: argparse.Namespace, settings: Settings) -> dict:
     """One JSON object: ``corpus_traj_per_s_1/_2``, ``eval_episodes_per_h_1/_2``,
     ``serve_ms_p50``, ``serve_ms_p99`` and details."""
-    from trajrag.ray_cluster import ensure_ray
     from trajrag.distributed.evaluate import cpus_needed, job_config
 
     cfg = settings.pipeline_bench

@@ -48,9 +48,21 @@ from typing import Any
 
 import numpy as np
 
-from trajrag.config import Settings
+from trajrag.agent.corpus import build_corpus
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
 from trajrag.bench import work_dir
-from trajrag.retrieval.ann import AnnConfig
+from trajrag.config import Settings
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.errors import UserError
+from trajrag.memory.store import CHUNKS, MAP_COLUMNS, Batch, MemoryStore, chunk_schema
+from trajrag.planners.scoring import ScoringPlanner
+from trajrag.retrieval.ann import AnnConfig, LanceChunkSearch, build_indexes
+from trajrag.retrieval.retriever import ExactChunkSearch, Retriever
+from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.trajectory import TopoPolarTrajectory
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
 
 N_SECTORS = 12
 # recall@k and the results per query: the issue asks for recall@10.
@@ -141,15 +153,11 @@ class Source:
 
 def _read_source(store_uri: str) -> tuple[Any, dict, dict[int, str]]:
     """Chunks table (Arrow) and vocabulary of a memory store."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
     store = MemoryStore(store_uri, read_only=True)
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "n_nodes", "node_xy", "sectors",
                                 "edges", "reference_yaw", "description", "embedding",
                                 "encoder_version", "policy", "success"])
     if table.num_rows == 0:
-        from trajrag.errors import UserError
-
         raise UserError(f"scale_bench.source_store {store_uri}: the store has no chunks")
     names = {label: name for name, label in store.vocabulary().items()}
     return table, {"groups": store.count_groups()}, names
@@ -170,8 +178,6 @@ def _ragged(table: Any) -> Ragged:
 def _build_source_corpus(cfg: ScaleBenchConfig, folder: str, settings: Settings, progress: bool) -> str:
     """A small real corpus (the `trajrag corpus build` code path) in ``folder``, with
     ``scale_bench.source_overrides`` beneath the settings' own; its URI."""
-    from trajrag.agent.corpus import build_corpus
-
     uri = os.path.join(folder, "source")
     build_corpus(cfg.source_scenes, cfg.source_episodes_per_scene, cfg.source_policy, uri,
                  settings.with_overrides(cfg.source_overrides, beneath=True), progress=progress)
@@ -183,7 +189,6 @@ def _untrained_encoder(nodes: Ragged, names: dict[int, str], folder: str, seed: 
     ``folder`` and loaded as a ``TrajectoryEncoder`` (so retrieval can use it); input
     standardisation from the source nodes."""
     from trajrag.encoder.model import TrajectoryEncoder, build_model, input_norm, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
     node_encoder = NodeEncoder(enc_cfg.node)
     norm = input_norm(node_encoder.encode_nodes(nodes.sectors, names))
@@ -317,8 +322,6 @@ def chunk_batch(src: Source, groups: Groups, group_of: np.ndarray, first_id: int
     """An Arrow table of member chunks (one per entry of ``group_of``) in the chunks schema."""
     import pyarrow as pa
 
-    from trajrag.memory.store import MAP_COLUMNS
-
     n = len(group_of)
     nodes, theta, shift = perturb_nodes(groups.nodes, group_of, rng, jitter_m=cfg.jitter_m,
                                         labels_changed=cfg.labels_changed,
@@ -382,9 +385,6 @@ def fill_store(store: Any, src: Source, n_chunks: int, cfg: ScaleBenchConfig,
     """Write summaries, vocabulary and ``n_chunks`` member chunks; returns the groups and each
     chunk's group (in id order)."""
     from tqdm import tqdm
-
-    from trajrag.memory.store import CHUNKS, Batch, chunk_schema
-    from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 
     n_groups = max(1, round(n_chunks / cfg.chunks_per_group))
     label_choices = np.array([FREE, OBSTACLE, UNKNOWN, *sorted(src.names)], dtype=np.int16)
@@ -471,8 +471,6 @@ def measure_unfiltered(ann: Any, exact: Any, embeddings: np.ndarray, cfg: ScaleB
 def _candidate(groups: Groups, group: int, src: Source, categories: tuple[str, ...], goal: str,
                cfg: ScaleBenchConfig, rng: np.random.Generator, label_choices: np.ndarray) -> Any:
     """A hypothetical candidate trajectory: a moved, jittered, relabelled copy of a group summary."""
-    from trajrag.topo.trajectory import TopoPolarTrajectory
-
     nodes, theta, _ = perturb_nodes(groups.nodes, np.array([group]), rng, jitter_m=cfg.jitter_m,
                                     labels_changed=cfg.labels_changed, label_choices=label_choices,
                                     move=True, frame_offset_m=cfg.frame_offset_m)
@@ -484,11 +482,6 @@ def _candidate(groups: Groups, group: int, src: Source, categories: tuple[str, .
 def measure_retriever(store: Any, src: Source, groups: Groups, ann_cfg: AnnConfig,
                       cfg: ScaleBenchConfig, settings: Settings, rng: np.random.Generator) -> dict:
     """Whole decisions through ``Retriever`` (coarse + fine on ``LanceChunkSearch``)."""
-    from trajrag.memory.store import CHUNKS
-    from trajrag.retrieval.ann import LanceChunkSearch
-    from trajrag.retrieval.retriever import Retriever
-    from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
-
     if src.encoder is None:
         return {"retriever_skipped": "the source store's embeddings need their encoder: set "
                                      "scale_bench.model_dir"}
@@ -528,8 +521,6 @@ def _folder_bytes(path: str) -> int:
 
 def _read_embeddings(store: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Row order, unit embeddings (N, D) float32 and stored group of every chunk."""
-    from trajrag.memory.store import CHUNKS
-
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "embedding"])
     z = np.asarray(table.column("embedding").combine_chunks().flatten().to_numpy(), np.float32)
     return (table.column("trajectory_id").to_pylist(), z.reshape(table.num_rows, -1),
@@ -538,14 +529,10 @@ def _read_embeddings(store: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Build the store, index it, measure; returns the JSON-able results."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
     cfg = settings.scale_bench
     quick = bool(getattr(args, "quick", False))
     n_chunks = int(getattr(args, "chunks", None) or (cfg.quick_chunks if quick else cfg.chunks))
     if n_chunks < 1:
-        from trajrag.errors import UserError
-
         raise UserError(f"--chunks must be >= 1, got {n_chunks}")
     progress = not getattr(args, "json", False)
     rng = np.random.default_rng(cfg.seed)
@@ -580,10 +567,6 @@ def measure_lancedb(store: Any, store_uri: str, src: Source, groups: Groups, cfg
                     settings: Settings, rng: np.random.Generator, progress: bool) -> dict:
     """Steps 3-5 of the module docstring: the indexes, the fine stage's searches and whole
     decisions through the retriever on LanceDB."""
-    from trajrag.memory.store import CHUNKS
-    from trajrag.retrieval.ann import LanceChunkSearch, build_indexes
-    from trajrag.retrieval.retriever import ExactChunkSearch
-
     out: dict = {}
     if progress:
         print(f"[bench scale] {store.count(CHUNKS)} chunks written; building the IVF_PQ index", file=sys.stderr)
@@ -653,13 +636,6 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, settings:
     both see the same load. ``navigation_same_chunks``:
     both retrieved the same chunks in the same order for every candidate;
     ``navigation_max_similarity_diff``: the largest cosine difference (float32 rounding)."""
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.scoring import ScoringPlanner
-    from trajrag.retrieval.retriever import Retriever
-    from trajrag.world.datasets import load_episodes, load_scenes
-    from trajrag.world.sim import GridSimulator
-
     nav = settings.with_overrides(cfg.navigation_overrides, beneath=True)
     retrieval_cfg = replace(nav.retrieval, store=store.uri)
     memory_cfg = nav.memory

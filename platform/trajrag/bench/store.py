@@ -45,6 +45,8 @@ import numpy as np
 
 from trajrag.bench import work_dir, write_rename_ms
 from trajrag.config import Settings
+from trajrag.memory.grouping import PHASES, TrajectoryMemory
+from trajrag.memory.stats import corpus_stats
 from trajrag.memory.synthetic import SyntheticScene, synthetic_scene, synthetic_trajectory
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
@@ -95,9 +97,6 @@ class _Workload:
 
 def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Grow a store to each size, time single inserts there; returns the JSON-able results."""
-    from trajrag.memory.grouping import PHASES, TrajectoryMemory
-    from trajrag.memory.stats import corpus_stats
-
     quick = bool(getattr(args, "quick", False))
     cfg = settings.memory
     sizes = dict(_QUICK_SIZES if quick else _SIZES)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.exceptions import ActorDiedError, RayError
 
+from trajrag.agent.collect import Collector, collection_settings, collector_settings, episode_policy, trajectory_id
 from trajrag.config import Settings
 from trajrag.distributed.shards import (
     ActorDown,
@@ -61,8 +62,15 @@ from trajrag.distributed.shards import (
     timed_items,
 )
 from trajrag.errors import UserError
-from trajrag.memory.grouping import MemoryConfig
+from trajrag.memory.build_settings import BuildSettings
+from trajrag.memory.grouping import MemoryConfig, MemoryShard, TrajectoryMemory
+from trajrag.memory.shards import ShardedMemory, open_shard
+from trajrag.memory.store import claim_store
+from trajrag.memory.value_log import ValueLog
 from trajrag.ray_cluster import ensure_ray
+from trajrag.world.datasets import load_scenes
+from trajrag.world.episode_gen import check_config, generate_episodes
+from trajrag.world.geodesic import Motion
 
 # Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
 # (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
@@ -154,8 +162,6 @@ class CollectorWorker:
 
     def __init__(self, policy: str, settings: Settings, scene_cache: int,
                  fault: FaultPlan | None = None) -> None:
-        from trajrag.agent.collect import Collector
-
         self.collector = Collector(settings)
         self.policy = policy
         self.fault = fault
@@ -193,9 +199,6 @@ class ShardGrouper:
     ``memory_cfg``: the ``memory`` section."""
 
     def __init__(self, store_uri: str, memory_cfg: MemoryConfig, index: int, count: int) -> None:
-        from trajrag.memory.grouping import MemoryShard
-        from trajrag.memory.shards import open_shard
-
         self.memory = open_shard(store_uri, memory_cfg, MemoryShard(index, count))
 
     def decide_many(self, trajs: list, labels: list[str]) -> tuple:
@@ -214,8 +217,6 @@ def _actor_shards(store_uri: str, memory_cfg: MemoryConfig, count: int, num_cpus
     restarted writer makes fresh shards from the store and the driver resends every batch it had
     not acknowledged, in plan order, as after any writer crash; a writer that carried on would
     run the batches queued behind the failed one first."""
-    from trajrag.memory.shards import ShardedMemory
-
     grouper = ray.remote(ShardGrouper).options(num_cpus=num_cpus, max_restarts=0)
 
     class ActorShards(ShardedMemory):
@@ -246,9 +247,6 @@ class GroupingWriter:
 
     def __init__(self, store_uri: str, memory_cfg: MemoryConfig, fault: FaultPlan | None = None,
                  writers: int = 1, shard_num_cpus: float = 1.0) -> None:
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.value_log import ValueLog
-
         self.memory = (TrajectoryMemory(store_uri, memory_cfg) if writers == 1
                        else _actor_shards(store_uri, memory_cfg, writers, shard_num_cpus))
         self.value_log = ValueLog(store_uri)
@@ -552,8 +550,6 @@ class _Pipeline:
 def _scene_episodes(scene: Any, per_scene: int, episode_cfg: Any, seed: int, motion: Any) -> list:
     """One scene's episodes (a Ray task; episode generation is seeded per scene, so the union
     over scenes equals ``generate_episodes`` over all of them)."""
-    from trajrag.world.episode_gen import generate_episodes
-
     return generate_episodes([scene], per_scene, episode_cfg, seed, motion)
 
 
@@ -562,8 +558,6 @@ def _generate(scenes: Sequence[Any], scene_refs: dict[str, Any], per_scene: int,
     """All episodes, in scene order. Many scenes: one Ray task per scene (~0.05 s an episode,
     so 350k episodes would take the driver alone ~5 h)."""
     from tqdm import tqdm
-
-    from trajrag.world.episode_gen import check_config, generate_episodes
 
     if len(scenes) < cfg.parallel_plan_min_scenes:
         return generate_episodes(scenes, per_scene, episode_cfg, seed, motion)
@@ -582,9 +576,6 @@ def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, settings: 
           cfg: CorpusJobConfig, progress: bool):
     """Scenes (as object refs), episodes (for the collectors' motion, ``collector_settings``)
     and the trajectory id of each episode (``policy`` resolved per episode)."""
-    from trajrag.agent.collect import collector_settings, episode_policy, trajectory_id
-    from trajrag.world.geodesic import Motion
-
     corpus_cfg = settings.corpus
     scene_refs = {scene.name: ray.put(scene) for scene in scenes}
     episode_cfg = settings.episodes
@@ -646,11 +637,6 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     per-actor times and what the fault handling did. Uses the running Ray if there is one, else
     starts a local one for the job.
     """
-    from trajrag.agent.collect import collection_settings
-    from trajrag.memory.build_settings import BuildSettings
-    from trajrag.memory.store import claim_store
-    from trajrag.world.datasets import load_scenes
-
     started = time.perf_counter()
     cfg = settings.corpus_job
     cfg = replace(cfg, collectors=cfg.collectors if workers is None else int(workers),

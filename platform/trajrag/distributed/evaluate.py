@@ -49,10 +49,29 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
-from trajrag.agent.run_records import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.evaluate import episode_record
+from trajrag.agent.navigator import make_navigator
+from trajrag.agent.registry import make_agent
+from trajrag.agent.run_records import (
+    SUMMARY_METRICS,
+    AgentRun,
+    cut_torn_tail,
+    perception_counters,
+    planner_counters,
+    read_records,
+    record_metrics,
+    write_json,
+)
 from trajrag.config import Settings
 from trajrag.distributed.corpus import FaultPlan
-from trajrag.distributed.serve_planner import PlannerServeConfig
+from trajrag.distributed.serve_planner import (
+    PlannerServeConfig,
+    RemotePlanner,
+    ServeUnavailableError,
+    delete_planner_app,
+    deploy_planner_app,
+)
 from trajrag.distributed.shards import (
     ActorDown,
     SceneCache,
@@ -63,7 +82,10 @@ from trajrag.distributed.shards import (
     timed_items,
 )
 from trajrag.errors import UserError
+from trajrag.planners.frontier_value import load_value_model
 from trajrag.ray_cluster import ensure_ray
+from trajrag.world.metrics import summarize
+from trajrag.world.sim import GridSimulator
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
 SERVED_PLANNERS = ("trajrag",)
@@ -124,8 +146,6 @@ class EvaluatorWorker:
 
     def __init__(self, planner: str, settings: Settings, serve_app: str | None,
                  serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None) -> None:
-        from trajrag.world.sim import GridSimulator
-
         self.sim = GridSimulator(settings.sim)
         self.episode_cfg = settings.episodes
         self.agent = make_evaluator_agent(planner, settings, serve_app, serve_cfg)
@@ -135,10 +155,6 @@ class EvaluatorWorker:
 
     def evaluate(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
         """Run ``episodes`` (planned ``indices``) one by one, yielding an ``EvalItem`` each."""
-        from trajrag.agent.episode_runner import run_episode
-        from trajrag.agent.evaluate import episode_record
-        from trajrag.distributed.serve_planner import ServeUnavailableError
-
         def evaluate_one(index: int, episode: Any) -> EvalItem:
             scene = self.scenes.get(episode.scene_key, scene_refs)
             result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
@@ -165,16 +181,11 @@ def make_evaluator_agent(planner: str, settings: Settings, serve_app: str | None
     """The agent of an evaluator: the navigator with a ``RemotePlanner`` on app ``serve_app``, or
     the registry's agent ``planner`` when no app is given."""
     if serve_app:
-        from trajrag.agent.navigator import make_navigator
-        from trajrag.distributed.serve_planner import RemotePlanner
-        from trajrag.planners.frontier_value import load_value_model
-
         wants_place = bool(settings.retrieval.project_goal)
         scoring = settings.scoring
         value = load_value_model(scoring.value_model, settings.navigator.vocabulary, scoring)
         return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value), settings,
                               seed=0)
-    from trajrag.agent.registry import make_agent
 
     return make_agent(planner, settings)
 
@@ -469,8 +480,6 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
                                  done, progress, faults, on_record) if todo else None
         finally:
             if deployed and not cfg.serve.keep_app:
-                from trajrag.distributed.serve_planner import delete_planner_app
-
                 delete_planner_app(app)
     total_s = time.perf_counter() - started
     return _summarize(run, episodes, keys, wanted, todo, pipe, cfg, planner, app, deploy_s, total_s)
@@ -496,8 +505,6 @@ def _warn_if_too_small(cfg: EvalJobConfig, served: bool) -> None:
 
 
 def _deploy(settings: Settings, serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:
-    from trajrag.distributed.serve_planner import deploy_planner_app
-
     started = time.perf_counter()
     try:
         app, deployed = deploy_planner_app(settings, serve_cfg)
@@ -585,9 +592,6 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
 
 def records_summary(records: Sequence[dict]) -> dict:
     """``evaluate_agent``'s summary of finished records: metric means and planner counters."""
-    from trajrag.agent.run_records import perception_counters, planner_counters, record_metrics
-    from trajrag.world.metrics import summarize
-
     summary = summarize([record_metrics(r["metrics"]) for r in records])
     summary.update(planner_counters(records))
     summary.update(perception_counters(records))

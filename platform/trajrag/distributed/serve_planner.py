@@ -43,9 +43,14 @@ import numpy as np
 
 from trajrag import artefacts, config
 from trajrag.config import Settings
+from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings
-from trajrag.planners.scoring import with_kept_points
+from trajrag.planners.frontier_value import candidate_features, load_value_model
+from trajrag.planners.scoring import ScoringPlanner, with_kept_points
+from trajrag.retrieval.retriever import load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
+from trajrag.topo.candidates import CandidatePath, MapPlace
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +110,6 @@ def decision_request(ctx: PlannerContext, value: Any = None) -> dict:
     request = {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint,
                "candidates": candidates, "place": place}
     if value is not None:
-        from trajrag.planners.frontier_value import candidate_features
-
         request["value_features"] = candidate_features(ctx, value.goals, value.config).tolist()
     return request
 
@@ -138,9 +141,6 @@ class _FrontierPoint:
 def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
     """The ``PlannerContext`` scoring needs (candidate ``i`` -> frontier ``i``) and the candidate
     trajectories; ``PlannerRequestError`` naming the first bad field."""
-    from trajrag.topo.candidates import CandidatePath
-    from trajrag.topo.trajectory import TopoPolarTrajectory
-
     if not isinstance(request, Mapping):
         raise PlannerRequestError("a decision request must be a JSON object")
     goal, raw = request.get("goal"), request.get("candidates")
@@ -176,8 +176,6 @@ def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
 
 def place_from_request(request: Mapping[str, Any]) -> Any:
     """The request's ``MapPlace`` (``None`` when it carries none); ``PlannerRequestError`` if malformed."""
-    from trajrag.topo.candidates import MapPlace
-
     raw = request.get("place")
     if raw is None:
         return None
@@ -235,16 +233,12 @@ class RetrieverDeployment:
     """
 
     def __init__(self, settings: Settings) -> None:
-        from trajrag.retrieval.retriever import load_retriever
-
         self.retriever = load_retriever(settings)
         self.lock = threading.Lock()
 
     def retrieve(self, request: Mapping[str, Any]) -> dict:
         """``{"goal": str, "candidates": [trajectory dict, ...], "place": MapPlace dict or None}``
         -> ``retrieval_to_dict``."""
-        from trajrag.topo.trajectory import TopoPolarTrajectory
-
         try:
             goal = str(request["goal"])
             trajectories = [TopoPolarTrajectory.from_dict(t) for t in request["candidates"]]
@@ -262,10 +256,6 @@ class PlannerDeployment:
     """
 
     def __init__(self, retriever: Any, settings: Settings) -> None:
-        from trajrag.planners.frontier_value import load_value_model
-        from trajrag.planners.scoring import ScoringPlanner
-        from trajrag.retrieval.retriever import load_retriever
-
         self.retriever = retriever  # DeploymentHandle of the Retriever deployment
         # None: this replica retrieves itself (``serve.retriever_in_planner``): no second hop.
         self.local = load_retriever(settings) if retriever is None else None
@@ -324,8 +314,6 @@ def app_name(settings: Settings, cfg: PlannerServeConfig) -> str:
     versions, so a store that changed since (rebuilt, re-embedded) or a refitted value model
     gets a new app instead of a stale one."""
     from dataclasses import asdict
-
-    from trajrag.memory.store import MemoryStore
 
     store = settings.retrieval.store
     versions = MemoryStore(store, read_only=True).versions() if store else {}

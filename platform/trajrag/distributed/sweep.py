@@ -33,8 +33,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trajrag import artefacts, config
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
 from trajrag.config import ConfigError, Settings
 from trajrag.errors import UserError
+from trajrag.planners.scoring import ScoringPlanner
+from trajrag.ray_cluster import ensure_ray, finish_wandb, import_wandb
+from trajrag.retrieval.retriever import load_encoder, load_retriever
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.metrics import summarize
+from trajrag.world.sim import GridSimulator
 
 PARAM_KINDS = ("uniform", "loguniform", "randint")
 OBJECTIVES = ("sr", "spl")
@@ -118,10 +126,6 @@ _ENCODERS: dict[str, Any] = {}
 def _agent(settings: Settings) -> Any:
     """A trajrag navigator with a retriever of its own (memory.* settings differ per trial) and
     the process's shared encoder."""
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.scoring import ScoringPlanner
-    from trajrag.retrieval.retriever import load_encoder, load_retriever
-
     model_dir = settings.retrieval.model_dir
     key = json.dumps([model_dir, config.to_dict(settings.encoder)], sort_keys=True)
     if key not in _ENCODERS:
@@ -137,8 +141,6 @@ def _trial_wandb(params: dict, project: str) -> Any:
     WandbLoggerCallback, whose logging actor imports wandb before any code of ours runs in it,
     leaving two temporary folders in /tmp per trial (``ray_cluster.import_wandb``)."""
     from ray import tune
-
-    from trajrag.ray_cluster import import_wandb
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -156,11 +158,6 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], s
     ``sr``, ``spl``, ``dtg_m`` (over finite DTGs), ``episodes``, ``seconds``; the same to the
     trial's W&B run when ``wandb_project`` is given."""
     from ray import tune
-
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.ray_cluster import finish_wandb
-    from trajrag.world.metrics import summarize
-    from trajrag.world.sim import GridSimulator
 
     started = time.perf_counter()
     trial = settings.with_overrides(to_overrides(params))
@@ -199,8 +196,6 @@ def tuning_episodes(cfg: SweepConfig, settings: Settings) -> tuple[list, list]:
     """The tuning scenes and their episodes, shuffled once (fixed seed) so that every chunk
     mixes homes and every trial sees the same episodes in the same order (ASHA compares trials
     at equal chunks)."""
-    from trajrag.world.datasets import load_episodes, load_scenes
-
     scenes = load_scenes(cfg.scenes, settings)
     episodes = list(load_episodes(cfg.episodes, scenes, settings))
     random.Random(cfg.shuffle_seed).shuffle(episodes)
@@ -216,8 +211,6 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, settings: Settings, *
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
-
-    from trajrag.ray_cluster import ensure_ray
 
     started = time.perf_counter()
     cfg = settings.sweep

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import ray
 from tqdm import tqdm
 
+from trajrag.agent.value_data import collect_value_decisions
 from trajrag.agent.value_parts import ValueWalkError
 from trajrag.config import Settings
 from trajrag.distributed.shards import first_line
@@ -26,8 +27,6 @@ if TYPE_CHECKING:  # the walking code is imported by the tasks, not by the drive
 
 
 def _scene_decisions(scene: Any, episodes: list, settings: Settings) -> tuple[list[ValueDecision], list[str]]:
-    from trajrag.agent.value_data import collect_value_decisions
-
     return collect_value_decisions([scene], episodes, settings, progress=False)
 
 

@@ -19,7 +19,9 @@ from typing import Any, Callable
 import numpy as np
 
 from trajrag.encoder import EncoderConfig, EncoderError, torch_device
-from trajrag.encoder.evaluate import paired_differences
+from trajrag.encoder.evaluate import evaluate_encoder, paired_differences
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.encoder.train import train_encoder
 
 EMBEDDINGS = ("trained", "text", "untrained")
 
@@ -31,10 +33,6 @@ def cross_validate(store: Any, out_dir: str | Path, folds: int, cfg: EncoderConf
     ``folds``, ``queries``, pooled ``trained`` / ``text`` / ``untrained`` recall@k,
     ``trained_minus_text`` and ``trained_minus_untrained`` (recall@k difference with its 95%
     interval), and ``per_fold`` (held-out scenes, queries and recall@k of each)."""
-    from trajrag.encoder.evaluate import evaluate_encoder
-    from trajrag.encoder.node_encoder import NodeEncoder
-    from trajrag.encoder.train import train_encoder
-
     if folds < 2:
         raise EncoderError(f"cross-validation needs at least 2 folds, got {folds}")
     say = log or (lambda _msg: None)

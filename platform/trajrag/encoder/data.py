@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from trajrag.encoder import EncoderError
+from trajrag.memory.grouping import TrajectoryMemory, decision_counts
+from trajrag.memory.store import CHUNKS, MemoryStore
+from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
 
 if TYPE_CHECKING:  # the memory (LanceDB) is imported where a store is written
     from trajrag.memory.grouping import MemoryConfig
@@ -52,8 +55,6 @@ def scene_key(scene_hint: str | None, group_id: int) -> str:
 def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
     """Every chunk of ``store`` (a ``MemoryStore`` or a URI, opened read-only) with its current
     group (fusions resolved) and the label vocabulary (label id -> category name)."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=True)
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "n_nodes",
@@ -215,9 +216,6 @@ def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, memory_c
     """Insert ``per_scene`` synthetic trajectories of each of ``n_scenes`` synthetic homes into the
     store at ``uri`` (created if needed) through the real memory (``memory_cfg``: the ``memory``
     section: matching, grouping, redundancy); returns the decision counts."""
-    from trajrag.memory.grouping import TrajectoryMemory, decision_counts
-    from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
-
     rng = np.random.default_rng(seed)
     memory = TrajectoryMemory(uri, memory_cfg)
     trajs = []

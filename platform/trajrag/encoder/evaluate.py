@@ -32,6 +32,9 @@ import numpy as np
 from trajrag.bootstrap import paired_interval
 from trajrag.encoder import EncoderConfig, EncoderError, RecallNotMeasurable, torch_device
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
+from trajrag.memory.store import MemoryStore, StoreError, claim_store
+from trajrag.topo.describe import describe
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
 def query_hits(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> dict[int, np.ndarray]:
@@ -76,8 +79,6 @@ def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
     """The stored description, or L(T_tp) rebuilt from the chunk when the store has none."""
     if record.description:
         return record.description
-    from trajrag.topo.describe import describe
-    from trajrag.topo.trajectory import TopoPolarTrajectory
 
     categories = tuple(names[k] for k in range(max(names, default=-1) + 1))
     return describe(TopoPolarTrajectory(record.node_xy, record.sectors, categories, record.goal,
@@ -93,8 +94,6 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
     ``MemoryStore.update_embeddings`` call (ids no longer stored are skipped; the store journals
     the update so a later writer does not roll it back).
     """
-    from trajrag.memory.store import MemoryStore, StoreError
-
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
     z = np.asarray(z, dtype=np.float32)
@@ -119,7 +118,6 @@ def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names
     """Write ``encoder``'s (a ``TrajectoryEncoder``) embedding of every record into ``store``,
     claimed for the write (``claim_store``: not while a corpus build adds chunks)."""
     from trajrag.encoder.model import embed
-    from trajrag.memory.store import claim_store
 
     with claim_store(store.uri, f"embeddings of encoder {encoder.version}"):
         data = encode_records(records, names, encoder.node_encoder)
@@ -133,7 +131,6 @@ def embed_store(store: Any, model_dir: str | Path, cfg: EncoderConfig, *, node_e
     ``model_dir`` (``cfg``: the ``encoder`` section; ``node_encoder``: an already loaded one to
     share); returns the chunks written."""
     from trajrag.encoder.model import TrajectoryEncoder
-    from trajrag.memory.store import MemoryStore
 
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
@@ -158,7 +155,6 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig, *, w
     and a fold without queries raises ``RecallNotMeasurable``.
     """
     from trajrag.encoder.model import TrajectoryEncoder
-    from trajrag.memory.store import MemoryStore
 
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=not write)

@@ -29,6 +29,7 @@ from torch import nn
 from trajrag import artefacts
 from trajrag import config as config_mod
 from trajrag.encoder import EncoderConfig, EncoderError, ModelConfig
+from trajrag.encoder.node_encoder import NodeEncoder
 from trajrag.topo.representation import TPS_GS
 
 WEIGHTS = "model.safetensors"
@@ -376,8 +377,6 @@ class TrajectoryEncoder:
 
     def __init__(self, model_dir: str | Path, cfg: EncoderConfig, device: str = "cpu", node_encoder=None) -> None:
         from dataclasses import replace
-
-        from trajrag.encoder.node_encoder import NodeEncoder
 
         self.model, self.meta = load_model_dir(model_dir, device)
         # The local folder (a URI's copy on this node): the node-encoding cache is kept there.

@@ -47,6 +47,7 @@ from trajrag.encoder.data import (
     split_scenes,
     worker_batches,
 )
+from trajrag.encoder.node_encoder import NodeEncoder
 from trajrag.ray_cluster import ensure_ray, finish_wandb, import_wandb
 
 NODE_CACHE = "node_cache.safetensors"
@@ -392,7 +393,6 @@ def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, work
     """``train_encoder`` with the model written to the local folder ``out`` and Ray Train's
     checkpoints under ``storage``."""
     from trajrag.encoder.model import build_model, fine_tune_start, load_weights, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
     started = time.perf_counter()
     say = log or (lambda _msg: None)

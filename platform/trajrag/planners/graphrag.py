@@ -21,8 +21,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.scoring import end_objects
+from trajrag.retrieval.retriever import RetrievalError
 
 
 @dataclass
@@ -53,15 +55,11 @@ class SceneGraph:
     @classmethod
     def from_store(cls, store: Any, min_support: int) -> "SceneGraph":
         """The scene graph of every chunk of a ``MemoryStore`` (or URI)."""
-        from trajrag.memory.store import CHUNKS, MemoryStore
-
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), read_only=True)
         names = {label: name for name, label in store.vocabulary().items()}
         table = store.read(CHUNKS, ["sectors"])
         if table.num_rows == 0:
-            from trajrag.retrieval.retriever import RetrievalError
-
             raise RetrievalError(f"memory store {store.uri} has no chunks: nothing to build a scene graph from")
         nodes = []
         for flat in table.column("sectors").to_pylist():
@@ -111,8 +109,6 @@ _GRAPHS: dict[tuple[str, int], SceneGraph] = {}
 def shared_scene_graph(store: str, min_support: int) -> SceneGraph:
     """One scene graph per process, store and ``graphrag.min_support`` (every agent of an
     evaluation shares it); ``RetrievalError`` without a store."""
-    from trajrag.retrieval.retriever import RetrievalError
-
     if not store:
         raise RetrievalError("graphrag needs a memory store: pass --store PATH")
     key = (store, min_support)

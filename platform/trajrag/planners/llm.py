@@ -41,9 +41,10 @@ import numpy as np
 
 from trajrag.config import Settings
 from trajrag.planners.base import Planner, PlannerContext
-from trajrag.planners.chat import ChatConfig, ChatError, ChatModel
+from trajrag.planners.chat import ChatConfig, ChatError, ChatModel, make_chat
 from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.retrieval.types import DecisionRetrieval, Experience
+from trajrag.topo.describe import describe
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 log = logging.getLogger(__name__)
@@ -213,8 +214,6 @@ def parse_answer(text: str, n_candidates: int) -> ParsedAnswer:
 # -- the prompt ----------------------------------------------------------------------------------------
 def path_text(traj: TopoPolarTrajectory) -> str:
     """L(T_tp) without its goal sentence and outcome sentence (a candidate has no outcome yet)."""
-    from trajrag.topo.describe import describe
-
     return strip_goal_and_outcome(describe(traj))
 
 
@@ -468,7 +467,5 @@ def make_fallback(name: str, settings: Settings) -> Planner:
 
 def make_llm_planner(settings: Settings) -> LLMPlanner:
     """The LLM planner of the ``llm`` section; the local backend loads SmolLM2 once per process."""
-    from trajrag.planners.chat import make_chat
-
     cfg = settings.llm
     return LLMPlanner(make_chat(cfg.chat), make_fallback(cfg.planner.fallback, settings), cfg.planner)

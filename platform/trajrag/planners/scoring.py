@@ -41,6 +41,7 @@ from trajrag import config
 from trajrag.config import Settings
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.frontier_value import FrontierValueModel, candidate_features, load_value_model
+from trajrag.retrieval.retriever import load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -213,8 +214,6 @@ def shared_retriever(settings: Settings) -> Any:
     """One retriever per process and configuration: the values of the ``retrieval``, ``memory``
     and ``encoder`` sections it is made of (loading one reads the whole store and the encoder,
     seconds; every agent of an evaluation shares it)."""
-    from trajrag.retrieval.retriever import load_retriever
-
     key = json.dumps([config.to_dict(section) for section in (settings.retrieval, settings.memory, settings.encoder)],
                      sort_keys=True)
     if key not in _RETRIEVERS:

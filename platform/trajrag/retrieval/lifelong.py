@@ -16,6 +16,9 @@ import csv
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.store import MemoryStore
+
 if TYPE_CHECKING:
     from trajrag.memory.grouping import MemoryConfig
 
@@ -25,9 +28,6 @@ class LifelongMemory:
     ``memory_cfg``: the ``memory`` section its insertions group by."""
 
     def __init__(self, retriever: Any, label: str, csv_path: Path, memory_cfg: MemoryConfig) -> None:
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.store import MemoryStore
-
         self.retriever = retriever
         self.label = label
         writer_store = MemoryStore(retriever.store.uri)

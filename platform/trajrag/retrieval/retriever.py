@@ -49,8 +49,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from trajrag.config import Settings
-from trajrag.memory.matching import N_SECTORS, match, rank_votes
+from trajrag.encoder import EncoderError
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.matching import N_SECTORS, Transform2D, match, rank_votes
+from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.retrieval.types import ChunkSearch, DecisionRetrieval, Experience
+from trajrag.topo.describe import describe
 from trajrag.topo.representation import TPS_GS, represent
 
 log = logging.getLogger(__name__)
@@ -169,9 +173,6 @@ class Retriever:
 
     def __init__(self, store: Any, cfg: RetrievalConfig, memory_cfg: Any, *, encoder: Any = None,
                  encoder_cfg: Any = None, search: ChunkSearch | None = None) -> None:
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.store import MemoryStore
-
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), read_only=True)
         self.store, self.cfg = store, cfg
@@ -217,8 +218,6 @@ class Retriever:
                 self.memory.index.set_group(gid, summary.sectors)
 
     def _load_chunks(self) -> None:
-        from trajrag.memory.store import CHUNKS
-
         # group_transform only places the goal ends of ``project_goal``: not read otherwise.
         table = self.store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "success",
                                          "sectors", "node_xy", "description", "embedding", "encoder_version",
@@ -254,8 +253,6 @@ class Retriever:
     def _ends_in_group(self, table: Any, aliases: dict) -> np.ndarray:
         """float (N, 2): each chunk's last node in its (current) group's frame, metres; NaN
         where the chunk has no transform."""
-        from trajrag.memory.matching import Transform2D
-
         rows = self.store.resolve_chunks(table.select(["group_id", "group_transform"]), aliases)
         ends = np.full((len(rows), 2), np.nan)
         for i, (row, xy) in enumerate(zip(rows, self.node_xy)):
@@ -320,8 +317,6 @@ class Retriever:
             places.extend(self._recognise_goal_places(self._to_store_labels(place), goal))
         mid = time.perf_counter()
         if self.cfg.fine == FINE_TEXT:
-            from trajrag.topo.describe import describe
-
             z = self._text_embeddings([describe(c) for c in candidates])
         else:
             z = self._query_embeddings(queries, known, goal, names)
@@ -493,7 +488,6 @@ def _index_rows(keys: list) -> dict[Any, np.ndarray]:
 def load_encoder(model_dir: str, encoder_cfg: Any) -> Any:
     """The trained f_E of ``model_dir`` for retrieval (``encoder_cfg``: the ``encoder`` section:
     batch size, node encoder settings); ``RetrievalError`` names a missing or unreadable one."""
-    from trajrag.encoder import EncoderError
     from trajrag.encoder.model import TrajectoryEncoder
 
     if not model_dir:
