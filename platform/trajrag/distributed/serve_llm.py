@@ -8,7 +8,7 @@ default: loopback only) and returns the base URL. Planners reach it with the ``o
     import ray; ray.init()
     from trajrag import config
     from trajrag.distributed.serve_llm import start_local_llm, shutdown
-    llm = config.load("llm")
+    llm = config.settings().llm             # with overrides: config.settings(["llm.serve.port=8001"])
     url = start_local_llm(llm)              # http://127.0.0.1:8000/v1, model "smollm2-135m-instruct"
     # trajrag eval ... --set llm.chat.backend=openai --set llm.chat.base_url=$url \
     #                  --set llm.chat.model=smollm2-135m-instruct
