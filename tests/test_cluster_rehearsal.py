@@ -31,9 +31,10 @@ import yaml
 from conftest import REPO
 from test_distributed_corpus import assert_exactly_once
 from trajrag import config
-from trajrag.agent.collect import episode_policy, trajectory_id
+from trajrag.agent.collect import collector_settings, episode_policy, trajectory_id
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
+from trajrag.world.geodesic import Motion
 
 pytestmark = pytest.mark.slow
 
@@ -305,10 +306,12 @@ def _wipe_caches(cluster: LocalCluster) -> None:
 
 
 def _planned_ids() -> set[str]:
-    scenes = load_scenes(CORPUS_SCENES, TINY)
-    episodes_cfg, corpus_cfg = config.load("episodes", TINY), config.load("corpus", TINY)
+    settings = config.settings(TINY)
+    scenes = load_scenes(CORPUS_SCENES, settings)
+    episodes_cfg, corpus_cfg = settings.episodes, settings.corpus
+    motion = Motion.from_sim_config(collector_settings(settings).sim)
     return {trajectory_id(e, episode_policy(e, "mix", corpus_cfg.oracle_fraction, corpus_cfg.seed))
-            for e in generate_episodes(scenes, CORPUS_EPISODES, episodes_cfg, episodes_cfg.seed)}
+            for e in generate_episodes(scenes, CORPUS_EPISODES, episodes_cfg, episodes_cfg.seed, motion)}
 
 
 def test_the_rayjobs_run_on_two_nodes_with_every_artefact_in_the_bucket(cluster, moto_s3, monkeypatch):

@@ -54,8 +54,8 @@ def test_frontiers_without_a_field_value_and_scoreless_planners_are_handled():
 
 @pytest.mark.slow
 def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_unknown():
-    scene = load_scenes("procedural:val:1")[0]
-    episode = load_episodes("generated:1", [scene])[0]
+    scene = load_scenes("procedural:val:1", config.settings())[0]
+    episode = load_episodes("generated:1", [scene], config.settings())[0]
     field = scene_goal_field(scene, episode.object_category, config.load("episodes"))
     audit = DecisionAudit(scene, field, AUDIT.search_radius_m)
     on_goal = scene.to_xy(np.argwhere(field.region)[:1])
@@ -65,11 +65,11 @@ def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_u
 
 def _evaluate(name, agent, out, audit=AUDIT, overrides=()):
     """``agent`` (a registry name) on 2 episodes of one val home, into ``out/name``."""
-    scenes = load_scenes("procedural:val:1")
-    sim_cfg = config.load("sim", OVERRIDES)
-    return evaluate_agent(name, lambda: make_agent(agent, sim_cfg, [*OVERRIDES, *overrides]), GridSimulator(sim_cfg),
-                          load_episodes("generated:2", scenes), scenes, out, config.load("episodes", OVERRIDES),
-                          progress=False, audit=audit)
+    settings = config.settings(OVERRIDES)
+    scenes = load_scenes("procedural:val:1", settings)
+    return evaluate_agent(name, lambda: make_agent(agent, settings.with_overrides(overrides)),
+                          GridSimulator(settings.sim), load_episodes("generated:2", scenes, config.settings()), scenes,
+                          out, settings.episodes, progress=False, audit=audit)
 
 
 @pytest.fixture(scope="module")
@@ -108,4 +108,4 @@ def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_ne
     assert never["spl"] == nearest["spl"] and never["planner_calls"] == nearest["planner_calls"]
     assert oracle["spl"] >= nearest["spl"]
     with pytest.raises(ValueError, match="oracle_follow_p"):
-        make_agent("frontier-oracle", config.load("sim", OVERRIDES), [*OVERRIDES, "audit.oracle_follow_p=1.5"])
+        make_agent("frontier-oracle", config.settings([*OVERRIDES, "audit.oracle_follow_p=1.5"]))

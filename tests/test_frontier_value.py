@@ -202,17 +202,14 @@ def test_a_scene_that_fails_on_ray_is_named_after_the_others_are_handed_on(ray_s
     from trajrag.distributed.value_decisions import collect_value_decisions_ray
     from trajrag.world.datasets import load_episodes, load_scenes
 
-    overrides = [*FAST_SIM, "episodes.max_steps=100"]
-    scenes = load_scenes("procedural:train:2", overrides)
-    episodes = load_episodes("generated:1", scenes, overrides)
+    settings = config.settings([*FAST_SIM, "episodes.max_steps=100"])
+    scenes = load_scenes("procedural:train:2", settings)
+    episodes = load_episodes("generated:1", scenes, settings)
     broken = [e if e.scene_key == scenes[0].name else dataclasses.replace(e, start_position=[-50.0, 0.0, -50.0])
               for e in episodes]
     handed_on = []
     with pytest.raises(ValueWalkError, match=r"1 of 2 scenes failed \(procedural/train/0001: .*traversable"):
-        collect_value_decisions_ray(scenes, broken, list(config.load("episodes").goal_categories),
-                                    config.load("sim", overrides), config.load("episodes", overrides),
-                                    config.load("audit", overrides), config.load("value", overrides), overrides,
-                                    progress=False, on_scene=lambda name, found, vocabulary: handed_on.append(name))
+        collect_value_decisions_ray(scenes, broken, settings, progress=False, on_scene=lambda name, found, vocabulary: handed_on.append(name))
     assert handed_on == [scenes[0].name]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from trajrag import config
+from trajrag.agent.corpus import build_corpus
 from trajrag.mapping.semantic_map import SemanticMap
 from trajrag.memory.forest import Places, SemanticForest, beam_search, build_forest, merge_places
 from trajrag.memory.forest_store import ForestTable
@@ -367,10 +368,8 @@ def test_eval_runs_both_planners_on_a_home_the_memory_walked_and_on_one_it_did_n
     then one episode there and one in val home 1."""
     import lancedb
 
-    from trajrag.cli.corpus import build_corpus
-
     store = str(tmp_path / "memory")
-    build_corpus("procedural:val:1", 2, "oracle", store, overrides=list(FAST_SIM), seed=99, progress=False)
+    build_corpus("procedural:val:1", 2, "oracle", store, config.settings(FAST_SIM), seed=99, progress=False)
     code, known, err = _eval("--scenes", "procedural:val:1", "--episodes", "generated:1", "--planner",
                              "embodied-rag,navprobe", "--store", store, "--out", str(tmp_path / "known"))
     assert code == 0, err[-2000:]

@@ -369,18 +369,18 @@ def test_real_smollm2_makes_decisions_end_to_end(capsys):
 @pytest.mark.slow
 def test_llm_agent_runs_an_episode_with_the_fixed_backend():
     from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.evaluate import _record
-    from trajrag.planners.llm import make_llm_agent
+    from trajrag.agent.evaluate import episode_record
+    from trajrag.agent.registry import make_llm_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
     overrides = ["sim.width=160", "sim.height=120", "llm.chat.backend=fixed", "llm.planner.fallback=frontier"]
-    scenes = load_scenes("procedural:val:1")
-    episode = load_episodes("generated:1", scenes)[0]
-    sim_cfg = config.load("sim", overrides)
-    agent = make_llm_agent(sim_cfg, overrides, seed=0)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0], max_steps=60)
-    stats = _record(result, agent)["planner_stats"]
+    settings = config.settings(overrides)
+    scenes = load_scenes("procedural:val:1", config.settings())
+    episode = load_episodes("generated:1", scenes, config.settings())[0]
+    agent = make_llm_agent(settings, seed=0)
+    result = run_episode(GridSimulator(settings.sim), agent, episode, scenes[0], settings.episodes, max_steps=60)
+    stats = episode_record(result, agent)["planner_stats"]
     assert stats["decisions"] == agent.stats.planner_calls >= 1
     assert stats["fallbacks"] == 0 and stats["parse_failures"] == 0  # choice 0 is always valid
 
@@ -417,7 +417,7 @@ def test_serve_deployment_answers_openai_chat_completions_on_loopback(ray_sessio
     overrides = [f"llm.serve.port={port}", "llm.serve.num_cpus=0", "llm.serve.app_name=trajrag-llm-test"]
     fake = functools.partial(FixedChatModel, '{"choice": 1, "reason": "served"}')
     try:
-        url = start_local_llm(overrides, chat_factory=fake)
+        url = start_local_llm(config.load("llm", overrides), chat_factory=fake)
         assert url == f"http://127.0.0.1:{port}/v1"
         model = config.load("llm").serve.model_id
         client = OpenAIChatClient(url, model, "", 30.0)

@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.matching import (
     EVIDENCE,
@@ -22,6 +21,7 @@ from trajrag.memory.matching import (
 )
 from trajrag.memory.prefilter import IVFParams, NodeIndex, node_descriptors
 from trajrag.memory.se2 import Transform2D, ransac_se2
+from trajrag.memory.synthetic import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.topo.labels import FREE, UNKNOWN
 
 

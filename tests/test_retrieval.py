@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_SIM
+from trajrag import config
 from trajrag.config import load
 from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.planners.graphrag import SceneGraph
@@ -26,7 +27,7 @@ from trajrag.topo.representation import represent
 def _retriever(store, model_dir, *overrides):
     from trajrag.retrieval.retriever import load_retriever
 
-    return load_retriever([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}", *overrides])
+    return load_retriever(config.settings([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}", *overrides]))
 
 
 def _stored(store, k=0):
@@ -100,7 +101,7 @@ def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_re
 
 @pytest.mark.slow
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
 
     store, model_dir = nav_memory
     traj = _stored_success(store)
@@ -115,7 +116,7 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
 
 @pytest.mark.slow
 def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
     from trajrag.topo.candidates import MapPlace
 
     store, model_dir = nav_memory
@@ -183,7 +184,7 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
         async def _retrieve(self, request):
             return retrieval_to_dict(DecisionRetrieval([[], []], {}, goal_points=np.array(self.points.pop(0)).reshape(-1, 2)))
 
-    app = PlannerDeployment(_Handle(), [])
+    app = PlannerDeployment(_Handle(), config.settings())
     request = _wire_request(frontier_distances=(2.0, 2.5))  # frontier 0 nearer, the goal beyond 1
     first = asyncio.run(app.decide(request))
     assert first["choice"] == 1 and first["goal_points"] == [[5.0, 0.0]]
@@ -202,20 +203,20 @@ def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_
     from trajrag.topo.candidates import CandidatePath
 
     store, model_dir = nav_memory
-    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"]
+    settings = config.settings([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"])
     _, walk = _stored(store)
     candidates = [CandidatePath(i, np.arange(2), 1.0, _prefix(walk, n)) for i, n in enumerate((3, len(walk)))]
     ctx = PlannerContext(walk.goal, 9, None, None, walk, candidates,
                          [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(2)],
                          np.array([2.0, 2.0]))
     request = json.loads(json.dumps(decision_request(ctx)))
-    retriever = RetrieverDeployment(overrides)
+    retriever = RetrieverDeployment(settings)
 
     async def remote(payload):  # the Retriever deployment's handle, without Ray
         return retriever.retrieve(payload)
 
-    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), overrides).decide(request))
-    alone = asyncio.run(PlannerDeployment(None, overrides).decide(request))  # serve.retriever_in_planner
+    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), settings).decide(request))
+    alone = asyncio.run(PlannerDeployment(None, settings).decide(request))  # serve.retriever_in_planner
     assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
     assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
 
@@ -593,19 +594,19 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 
 
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     # (nearest frontier reads neither path, so nothing is opened to record its content)
-    settings = run_settings("frontier", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
-                                        "run.workers=0", "scoring.w_value = 2"])
+    settings = run_settings("frontier", config.settings(["retrieval.store=s3://bucket/M", "scoring.w_value=1",
+                                                         "eval_job.evaluators=4", "run.workers=0", "scoring.w_value = 2"]))
     assert settings["planner"] == "frontier" and settings["inputs"] == {}
     assert settings["overrides"] == {"retrieval.store": "s3://bucket/M", "scoring.w_value": "2"}
 
 
 def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, monkeypatch):
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     (tmp_path / "M").mkdir()
     monkeypatch.chdir(tmp_path)
-    absolute = run_settings("frontier", [f"retrieval.store={tmp_path / 'M'}"])
-    assert run_settings("frontier", ["retrieval.store=M"]) == absolute
+    absolute = run_settings("frontier", config.settings([f"retrieval.store={tmp_path / 'M'}"]))
+    assert run_settings("frontier", config.settings(["retrieval.store=M"])) == absolute

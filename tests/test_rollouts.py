@@ -9,7 +9,7 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.registry import make_frontier_agent
 from trajrag.agent.rollouts import ForcedChoice, RolloutStats, metres_after, rollout_decisions
 from trajrag.agent.value_data import ValueDecisionRecorder
 from trajrag.cli import main
@@ -22,12 +22,12 @@ FAST = ["sim.width=160", "sim.height=120", "episodes.max_steps=300"]
 
 @pytest.fixture(scope="module")
 def walk_setup():
-    scenes = load_scenes("procedural:train:1", FAST)
-    episode = load_episodes("generated:1", scenes, FAST)[0]
-    sim_cfg, episode_cfg = config.load("sim", FAST), config.load("episodes", FAST)
-    agent = make_frontier_agent(sim_cfg, FAST)
-    recorder = ValueDecisionRecorder(list(episode_cfg.goal_categories), episode_cfg, config.load("audit", FAST),
-                                     config.load("value", FAST))
+    settings = config.settings(FAST)
+    scenes = load_scenes("procedural:train:1", settings)
+    episode = load_episodes("generated:1", scenes, settings)[0]
+    sim_cfg, episode_cfg = settings.sim, settings.episodes
+    agent = make_frontier_agent(settings)
+    recorder = ValueDecisionRecorder(list(episode_cfg.goal_categories), episode_cfg, settings.audit, settings.value)
     return agent, GridSimulator(sim_cfg), scenes[0], episode, episode_cfg, recorder
 
 

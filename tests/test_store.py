@@ -14,17 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory import grouping
 from trajrag.memory.grouping import TrajectoryMemory
 from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.matching import EVIDENCE
-from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.regroup import regroup
 from trajrag.memory.schema import (
     CHUNKS, COMMITS, DECISION_SCHEMA, DECISIONS, MARK_COLUMNS, SUMMARIES, chunk_schema)
+from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.store import MemoryStore, StoreError
+from trajrag.memory.synthetic import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.memory.value_log import ValueLog
 from trajrag.topo.trajectory import TopoPolarTrajectory
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.grouping import TrajectoryMemory
 from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore
+from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
 
 from conftest import S3_BUCKET as BUCKET
 

@@ -22,6 +22,7 @@ import numpy as np
 from skimage.graph import MCP_Geometric
 
 from trajrag.agent.map_builder import MapBuilder
+from trajrag.config import Settings
 from trajrag.agent.verification import GoalVerifier, Verdict
 from trajrag.mapping.frontiers import Frontier, find_frontiers
 from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
@@ -33,6 +34,7 @@ from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import wrap_angle
 from trajrag.world.interface import Action, Observations
 from trajrag.world.scene import Scene
+from trajrag.world.sim import intrinsics_of
 
 
 @dataclass
@@ -502,30 +504,11 @@ def _stable_hash(text: str) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
-# -- factories (agent/registry.py) ------------------------------------------------------------
-def make_navigator(planner: Planner, sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    """A navigator with every part configured from ``configs/`` (+ overrides)."""
-    from trajrag import config
-    from trajrag.world.sim import intrinsics_of
-
-    cfg: NavigatorConfig = config.load("navigator", overrides)
-    mapping_cfg = config.load("mapping", overrides)
-    topo_cfg = config.load("topo", overrides)
-    builder = MapBuilder(cfg.vocabulary, intrinsics_of(sim_cfg), mapping_cfg,
-                         config.load("perception", overrides), topo_cfg)
-    policy = LocalPolicy(config.load("policy", overrides), sim_cfg.forward_step, math.radians(sim_cfg.turn_angle_deg))
-    return Navigator(planner, builder, policy, cfg, mapping_cfg, topo_cfg, seed)
-
-
-def make_frontier_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    from trajrag import config
-    from trajrag.planners.frontier import NearestFrontierPlanner
-
-    hysteresis = config.load("navigator", overrides).frontier_hysteresis_m
-    return make_navigator(NearestFrontierPlanner(hysteresis), sim_cfg, overrides, seed)
-
-
-def make_random_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    from trajrag.planners.frontier import RandomFrontierPlanner
-
-    return make_navigator(RandomFrontierPlanner(), sim_cfg, overrides, seed)
+def make_navigator(planner: Planner, settings: Settings, seed: int = 0) -> Navigator:
+    """A navigator deciding with ``planner``, every part configured from ``settings`` (the
+    ``navigator``, ``mapping``, ``topo``, ``perception``, ``policy`` and ``sim`` sections)."""
+    sim_cfg, mapping_cfg, topo_cfg = settings.sim, settings.mapping, settings.topo
+    builder = MapBuilder(settings.navigator.vocabulary, intrinsics_of(sim_cfg), mapping_cfg, settings.perception,
+                         topo_cfg)
+    policy = LocalPolicy(settings.policy, sim_cfg.forward_step, math.radians(sim_cfg.turn_angle_deg))
+    return Navigator(planner, builder, policy, settings.navigator, mapping_cfg, topo_cfg, seed)

@@ -32,12 +32,15 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from trajrag.config import Settings
 from trajrag.memory.forest import ForestHit, SemanticForest, beam_search, build_forest, object_list
 from trajrag.memory.forest_store import ForestTable, build_key, home_places
 from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
+from trajrag.planners.chat import make_chat
 from trajrag.planners.llm_choice import ChoiceAsker, ChoiceCounts
 from trajrag.planners.target import cost_via_frontier, explored_share, target_gaps
+from trajrag.retrieval.retriever import RetrievalError
 
 
 @dataclass
@@ -257,7 +260,7 @@ class EmbodiedRAGPlanner(RetrievalTimings):
         return self.goal in self.forest.objects[self.first_leaf]
 
 
-# -- factory (agent/registry.py) ------------------------------------------------------------------
+# -- planner from the settings (agent/registry.py makes the agent) ------------------------------------------------------------------
 _LIBRARIES: dict[tuple, ForestLibrary] = {}
 _ENCODERS: dict[str, TextEncoder] = {}
 
@@ -272,20 +275,15 @@ def shared_text_encoder(node_cfg: Any, max_length: int) -> TextEncoder:
     return _ENCODERS[key]
 
 
-def make_embodied_rag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the Embodied-RAG planner over ``retrieval.store``; its forests (and
-    chat model) are shared by every agent of the process built with the same settings."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.chat import make_chat
-    from trajrag.retrieval.retriever import RetrievalError
-
-    cfg: EmbodiedRAGConfig = config.load("embodied_rag", overrides)
-    store = config.load("retrieval", overrides).store
+def make_embodied_rag_planner(settings: Settings) -> "EmbodiedRAGPlanner":
+    """The Embodied-RAG planner over ``retrieval.store``; its forests (and chat model) are shared
+    by every planner of the process built with the same settings."""
+    cfg: EmbodiedRAGConfig = settings.embodied_rag
+    store = settings.retrieval.store
     if not store:
         raise RetrievalError("embodied-rag needs a memory store: pass --store PATH")
-    node_cfg = config.load("encoder", overrides).node
-    llm = config.load("llm", overrides) if cfg.llm else None
+    node_cfg = settings.encoder.node
+    llm = settings.llm if cfg.llm else None
     key = (store, repr(cfg), repr(node_cfg), repr(llm))
     if key not in _LIBRARIES:
         asker, model = None, ""
@@ -296,5 +294,4 @@ def make_embodied_rag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 
         encoder = shared_text_encoder(node_cfg, node_cfg.text_max_length)
         _LIBRARIES[key] = ForestLibrary(store, cfg, encoder, asker, model)
     library = _LIBRARIES[key]
-    hysteresis = config.load("navigator", overrides).frontier_hysteresis_m
-    return make_navigator(EmbodiedRAGPlanner(library, cfg, hysteresis, library.asker), sim_cfg, overrides, seed)
+    return EmbodiedRAGPlanner(library, cfg, settings.navigator.frontier_hysteresis_m, library.asker)

@@ -42,13 +42,16 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from scipy import ndimage
 
+from trajrag.config import Settings
 from trajrag.memory.forest import Places
 from trajrag.memory.forest_store import home_places
 from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.graphrag import SceneGraph
+from trajrag.planners.chat import make_chat
 from trajrag.planners.llm_choice import ChoiceAsker, ChoiceCounts
 from trajrag.planners.target import cost_via_frontier, explored_share, frontier_xy
+from trajrag.retrieval.retriever import RetrievalError
 
 _EIGHT = np.ones((3, 3), dtype=bool)
 
@@ -367,7 +370,7 @@ class NavProbePlanner(RetrievalTimings):
         return None if choice is None else shown[choice]
 
 
-# -- factory (agent/registry.py) ------------------------------------------------------------------
+# -- planner from the settings (agent/registry.py makes the agent) ------------------------------------------------------------------
 _MEMORIES: dict[tuple, HomeMemory] = {}
 
 
@@ -389,20 +392,13 @@ def home_memory(store_uri: str, cfg: NavProbeConfig) -> HomeMemory:
     return _MEMORIES[key]
 
 
-def make_navprobe_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the NavProbe planner over ``retrieval.store``."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.chat import make_chat
-    from trajrag.retrieval.retriever import RetrievalError
-
-    cfg: NavProbeConfig = config.load("navprobe", overrides)
-    store = config.load("retrieval", overrides).store
+def make_navprobe_planner(settings: Settings) -> "NavProbePlanner":
+    """The NavProbe planner over ``retrieval.store``."""
+    cfg: NavProbeConfig = settings.navprobe
+    store = settings.retrieval.store
     if not store:
         raise RetrievalError("navprobe needs a memory store: pass --store PATH")
     asker = None
     if cfg.llm:
-        llm = config.load("llm", overrides)
-        asker = ChoiceAsker(make_chat(llm.chat), llm.planner)
-    hysteresis = config.load("navigator", overrides).frontier_hysteresis_m
-    return make_navigator(NavProbePlanner(home_memory(store, cfg), cfg, hysteresis, asker), sim_cfg, overrides, seed)
+        asker = ChoiceAsker(make_chat(settings.llm.chat), settings.llm.planner)
+    return NavProbePlanner(home_memory(store, cfg), cfg, settings.navigator.frontier_hysteresis_m, asker)
