@@ -40,8 +40,10 @@ pytestmark = pytest.mark.slow
 
 BUCKET = "trajrag-rehearsal"
 VENV_BIN = Path(sys.executable).parent
-# Tiny renders and walks: the pipeline and the plumbing are under test, not the images.
-TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1", "episodes.max_steps=120"]
+# Tiny renders and short evaluation walks: the pipeline and the plumbing are under test, not the
+# images. The corpus walks keep configs/episodes.yaml's step budget: see EXTRA.
+TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
+SHORT_WALKS = ["episodes.max_steps=120"]
 CORPUS_SCENES, CORPUS_EPISODES = "procedural:train:4", 3
 # Each RayJob's options made tiny for this machine (same option names, same URIs).
 SIZES = {
@@ -55,12 +57,14 @@ SIZES = {
     "sweep": {"--samples": "1"},
 }
 EXTRA = {
-    # Batches of 2: the first chunks land while most walks are still to come, so the node kill
-    # always finds collectors at work.
+    # Batches of 2 and walks of the full step budget: the first chunks land while most walks are
+    # still to come, so the node kill always finds collectors at work.
     "build-corpus": ["corpus_job.writer_batch=2"],
     "train-encoder": ["encoder.train.epochs=2"],
+    "fit-value": SHORT_WALKS,
+    "evaluate": SHORT_WALKS,
     "sweep": ["sweep.scenes=procedural:train:40-41", "sweep.episodes=generated:1", "sweep.chunk_episodes=1",
-              "sweep.max_concurrent_trials=1", "sweep.wandb=false"],
+              "sweep.max_concurrent_trials=1", "sweep.wandb=false", *SHORT_WALKS],
 }
 
 

@@ -12,7 +12,6 @@ import ast
 import functools
 import json
 import pickle
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,7 +116,7 @@ def test_settings_read_each_section_once_and_travel_pickled_with_what_they_read(
         settings.simm  # noqa: B018 - a misspelt section is an error, not None
 
 
-def test_overrides_beneath_the_command_line_lose_to_it_and_replaced_sections_stay():
+def test_overrides_beneath_the_command_line_lose_to_it():
     command = config.settings(["sim.width=96"])
     beneath = command.with_overrides(["sim.width=32", "sim.height=24"], beneath=True)
     assert (beneath.sim.width, beneath.sim.height) == (96, 24)
@@ -125,10 +124,6 @@ def test_overrides_beneath_the_command_line_lose_to_it_and_replaced_sections_sta
     on_top = command.with_values({"sim.width": 32, "retrieval.store": "runs/x/memory"})
     assert on_top.sim.width == 32 and on_top.retrieval.store == "runs/x/memory"
     assert on_top.overrides[-1] == "retrieval.store=runs/x/memory"  # recorded as a --set of it would be
-    small = command.replace(sim=replace(command.sim, width=8))
-    assert small.sim.width == 8 and small.with_overrides(["episodes.max_steps=3"]).sim.width == 8
-    with pytest.raises(config.ConfigError, match="replaced by value"):
-        small.with_overrides(["sim.height=3"])
 
 
 @functools.lru_cache(maxsize=1)

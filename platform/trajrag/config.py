@@ -119,9 +119,10 @@ class Settings:
 
     ``overrides``: the ``section.key=value`` text the entry point was given, checked
     (``check_overrides``), presets expanded; kept as the run's record (``run.json``). Read values
-    from the sections, not from it. Sections are shared by everything handed this object: change
-    one with ``replace`` (a new object), never in place. Picklable: Ray actors, Serve replicas
-    and Tune trials receive it from their driver, with the sections already read."""
+    from the sections, not from it. Sections are shared by everything handed this object: derive
+    other settings (``with_overrides``, ``with_values``) or ``dataclasses.replace`` a section,
+    never change one in place. Picklable: Ray actors, Serve replicas and Tune trials receive it
+    from their driver, with the sections already read."""
 
     sim: SimConfig
     procedural: ProceduralConfig
@@ -156,11 +157,8 @@ class Settings:
     eval_job: EvalJobConfig
     sweep: SweepConfig
 
-    def __init__(self, overrides: Sequence[str] = (), replaced: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, overrides: Sequence[str] = ()) -> None:
         self.overrides: tuple[str, ...] = tuple(overrides)
-        # sections given as values (``replace``), not read from the files and overrides
-        self._replaced: dict[str, Any] = dict(replaced or {})
-        self.__dict__.update(self._replaced)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for an attribute not set yet: a section read for the first time.
@@ -170,26 +168,12 @@ class Settings:
         self.__dict__[name] = section
         return section
 
-    def replace(self, **sections: Any) -> "Settings":
-        """These settings with whole sections replaced (``dataclasses.replace`` of one, e.g.
-        ``settings.replace(sim=dataclasses.replace(settings.sim, width=160))``); not recorded
-        in ``overrides``."""
-        unknown = sorted(set(sections) - set(SECTIONS))
-        if unknown:
-            raise ConfigError(f"unknown config section(s) {unknown}; known: {sorted(SECTIONS)}")
-        return Settings(self.overrides, {**self._replaced, **sections})
-
     def with_overrides(self, more: Sequence[str], beneath: bool = False) -> "Settings":
         """These settings with the ``section.key=value`` overrides ``more`` (override lists that
         are config values themselves: ``run.overrides``, ``eval.variants``, ...) after their own
         (a later one wins), or before them with ``beneath`` (the entry point's own overrides still
-        win). Sections are read again from the files; a replaced one cannot take overrides."""
-        more = list(more)
-        touched = sorted({o.partition(".")[0] for o in more} & set(self._replaced))
-        if touched:
-            raise ConfigError(f"overrides {more} change section(s) {touched} that were replaced by value")
-        combined = [*more, *self.overrides] if beneath else [*self.overrides, *more]
-        return Settings(combined, self._replaced)
+        win). Sections are read again from the files."""
+        return Settings([*more, *self.overrides] if beneath else [*self.overrides, *more])
 
     def with_values(self, values: Mapping[str, Any], beneath: bool = False) -> "Settings":
         """``with_overrides`` of dotted keys and their values (``{"retrieval.store": path}``),
