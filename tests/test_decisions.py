@@ -109,3 +109,13 @@ def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_ne
     assert oracle["spl"] >= nearest["spl"]
     with pytest.raises(ValueError, match="oracle_follow_p"):
         make_agent("frontier-oracle", config.settings([*OVERRIDES, "audit.oracle_follow_p=1.5"]))
+
+
+@pytest.mark.slow
+def test_a_rerun_of_the_same_evaluation_walks_nothing_and_says_so(audited_frontier, tmp_path):
+    """`trajrag run --set run.workers=0` reads these counts (it crashed on a summary without them)."""
+    summary, records_file = audited_frontier
+    assert (summary["evaluated"], summary["skipped_already_done"]) == (2, 0)
+    again = _evaluate("frontier", "frontier", records_file.parent.parent)
+    assert (again["evaluated"], again["skipped_already_done"]) == (0, 2)
+    assert again["sr"] == summary["sr"] and again["spl"] == summary["spl"]

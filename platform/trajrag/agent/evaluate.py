@@ -64,6 +64,8 @@ def evaluate_agent(name: str, make_agent: Callable[[], object], sim, episodes: S
     summary = summarize([record_metrics(done[key]["metrics"]) for key in wanted])
     summary.update(planner_counters([done[key] for key in wanted]))
     summary.update(perception_counters([done[key] for key in wanted]))
+    # The same counts as the Ray evaluation's summary: a rerun that walked nothing says so.
+    summary.update(evaluated=len(todo), skipped_already_done=len(wanted) - len(todo))
     if audit is not None:
         summary.update(decision_quality([done[key]["decisions"] for key in wanted if "decisions" in done[key]],
                                         audit.tolerance_m))
