@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Overrides for `make run`, e.g. make run ARGS="--episodes generated:5"
 ARGS ?=
 
-.PHONY: run test venv clean
+.PHONY: run test test-fast venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
+
+# The unit tests alone (not those marked slow: Ray jobs, whole pipelines, notebooks), for the
+# edit-test loop; `make test` still runs everything.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow" tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         apply_presets(args)
         output_folder(args.store, "--store")
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
-                                   args.overrides, seed=args.seed, workers=args.workers,
+                                   args.settings, seed=args.seed, workers=args.workers,
                                    progress=not args.json, ray_address=args.ray_address,
                                    mixed_settings=args.mixed_settings, writers=args.writers)
     except (UserError, ConfigError, FileNotFoundError, StoreError) as exc:

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the node encoder and trajectory embeddings on N node texts")
     parser.add_argument("--node-dir", default="", help="node encoder folder (default: configured)")
     args = parser.parse_args(argv)
+    from trajrag import config
     from trajrag.bench.encoder import run
 
     unknown = [c for c in filter(None, args.cases.split(",")) if c not in CASES]
@@ -52,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
     out: dict = {}
     if args.node_texts:
-        out["node_encoding"] = node_encoding(args.node_texts, args.node_dir)
+        out["node_encoding"] = node_encoding(args.node_texts, args.node_dir, config.load("encoder"))
         print("node_encoding", json.dumps(out["node_encoding"]), file=sys.stderr, flush=True)
     for case in filter(None, args.cases.split(",")):
         start = time.perf_counter()
-        row = run(argparse.Namespace(quick=False, overrides=[*ONE_WORKER, *CASES[case]]))
+        overrides = [*ONE_WORKER, *CASES[case]]
+        row = run(argparse.Namespace(quick=False, overrides=overrides), config.settings(overrides))
         out[case] = {**row, "wall_s": round(time.perf_counter() - start, 1)}
         print(case, json.dumps(out[case]), file=sys.stderr, flush=True)
     for size in ("configured", "paper"):
@@ -67,20 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def node_encoding(n: int, node_dir: str) -> dict:
-    """Node texts/s and trajectory embeddings/s on the GPU and the CPU, and how far apart the two
-    devices' outputs are (max absolute difference of unit-length embeddings)."""
+def node_encoding(n: int, node_dir: str, cfg) -> dict:
+    """Node texts/s and trajectory embeddings/s on the GPU and the CPU (``cfg``: the ``encoder``
+    section), and how far apart the two devices' outputs are (max absolute difference of
+    unit-length embeddings)."""
     from dataclasses import replace
 
     import numpy as np
     import torch
 
     from trajrag.bench.encoder import synthetic_set
-    from trajrag.encoder import load_config, torch_device
+    from trajrag.encoder import torch_device
     from trajrag.encoder.model import build_model, embed
     from trajrag.encoder.node_encoder import NodeEncoder
 
-    cfg = load_config()
     node_cfg = replace(cfg.node, model_dir=node_dir) if node_dir else cfg.node
     rng = np.random.default_rng(0)
     names = {k: f"object {k}" for k in range(15)}

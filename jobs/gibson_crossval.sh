@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Gibson cross-validation of docs/results.md ("The cross-validation again, with crop positives
-# by default"): TrajRAG (scoring planner + a frontier value fitted on procedural homes only)
+# The Gibson cross-validation of docs/results.md (history: docs/notes/2026-12-02-value-dagger-gibson.md,
+# "The cross-validation again, with crop positives by default"): TrajRAG (scoring planner + a frontier value fitted on procedural homes only)
 # against nearest frontier on unseen Gibson homes, every one of the 25 train scenes held out once.
 #
 #   jobs/gibson_crossval.sh [OUT]          (default OUT: runs/gibson_cv; relative paths are from the repo root)
@@ -30,7 +30,7 @@
 #            planner walks this many procedural train homes from 400 on (2 episodes each), each
 #            candidate of 3 decisions a walk costed by the metres walked to success after taking
 #            it; fitted with V_P as prior into OUT/value/VR.json, which TrajRAG then uses (with
-#            V_P's experience table). docs/results.md, "The value refined on its own rollouts":
+#            V_P's experience table). docs/notes/2026-12-02-value-dagger-gibson.md, "The value refined on its own rollouts":
 #            120 homes gave +0.6 SPL, too few to tell; thousands need a cluster, about 21
 #            core-seconds a decision: WORKERS=64 ROLLOUT_HOMES=2000 RAY_ADDRESS=auto, and a LABEL
 #            of its own (a label keeps the settings it was first run with). An interrupted walk
@@ -68,7 +68,7 @@ if [ "$ROLLOUT_HOMES" -gt 0 ]; then
   step "$R.npz" "rollouts-$ROLLOUT_HOMES" $T value fit --scenes "procedural:train:400-$((400 + ROLLOUT_HOMES))" \
     --episodes generated:2:21 --set value.target=rollout --set value.walker=value \
     --set "scoring.value_model=$V/V_P.json" --save-decisions "$R.npz" --out "$R.json" --workers "$WORKERS" --json
-  # l2 0.1: chosen by cross-fitted regret on the 618 rollout decisions of docs/results.md. The
+  # l2 0.1: chosen by cross-fitted regret on the 618 rollout decisions of docs/notes/2026-12-02-value-dagger-gibson.md. The
   # experience table stays V_P's: the refit keeps V_P's standardisation, and its own table would
   # hold only the rollout decisions, whose "metres behind" are whole walks, not one decision's.
   step "$V/VR$ROLLOUT_HOMES.experience" "value-refit-$ROLLOUT_HOMES" bash -c "$T value fit --decisions '$R.npz' \

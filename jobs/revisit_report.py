@@ -66,7 +66,7 @@ def bound_spl(scene, places: list, start_xy, category: str, shortest_m: float, e
     into ``category``'s goal region."""
     start = np.zeros(scene.shape, dtype=bool)
     start[tuple(scene.to_cell(np.asarray(start_xy[:2])))] = True
-    from_start = geodesic_field(scene.traversable, start, scene.cell_size)
+    from_start = geodesic_field(scene.traversable, start, scene.cell_size, episode_cfg.geodesic_neighbourhood_radius)
     to_goal = scene_goal_field(scene, category, episode_cfg).distance
     cells = np.array([scene.to_cell(np.asarray(p)) for p in places])
     inside = (cells >= 0).all(axis=1) & (cells < scene.shape).all(axis=1)
@@ -80,8 +80,9 @@ def report(out: Path, scene_spec: str, run: str, baseline: str) -> dict:
     theirs = AgentRun(baseline, out / baseline).finished(PAIRED_METRICS)
     keys = sorted(set(mine) & set(theirs))
     held = memory_of_homes(out, {home for home, _ in keys})
-    scenes = {scene.name: scene for scene in load_scenes(scene_spec)}
-    episode_cfg = config.load("episodes")
+    settings = config.settings()
+    scenes = {scene.name: scene for scene in load_scenes(scene_spec, settings)}
+    episode_cfg = settings.episodes
     split: dict[str, list[tuple[float, float]]] = defaultdict(list)
     bounds: dict[str, list[float]] = defaultdict(list)
     for key in keys:

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         apply_presets(args)
         # Tune prints its tables to stdout: keep stdout for the summary JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
-            summary = sweep(args.store, args.model, args.out, args.overrides, num_samples=args.samples,
+            summary = sweep(args.store, args.model, args.out, args.settings, num_samples=args.samples,
                             progress=not args.json, ray_address=args.ray_address)
     except (UserError, ConfigError, FileNotFoundError, *DATA_ERRORS) as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)

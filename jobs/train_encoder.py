@@ -44,14 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
         apply_presets(args)
-        overrides = list(args.overrides)
+        settings = args.settings
         if args.ray_address:
-            overrides.append(f"encoder.train.ray_address={args.ray_address}")
-        result = train_encoder(args.store, args.out, workers=args.workers, overrides=overrides,
-                               log=log)
+            settings = settings.with_values({"encoder.train.ray_address": args.ray_address})
+        result = train_encoder(args.store, args.out, settings.encoder, workers=args.workers, log=log)
         summary: dict = {"train": asdict(result)}
         if args.eval:
-            summary["eval"] = evaluate_encoder(args.store, args.out, overrides=overrides)
+            summary["eval"] = evaluate_encoder(args.store, args.out, settings.encoder)
     except (EncoderError, StoreError, ConfigError, FileNotFoundError) as exc:
         print(f"train_encoder: error: {exc}", file=sys.stderr)
         return 2

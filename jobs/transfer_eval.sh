@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memories across datasets (docs/results.md "Memories across datasets", the paper's Table 4 question):
+# Memories across datasets (docs/notes/2026-12-06-mp3d-homes.md "Memories across datasets", the paper's Table 4 question):
 # TrajRAG as the paper scores (no value) with the memory and encoder of the other dataset, next to
 # the in-dataset one, on the same held-out episodes. Needs the outputs of jobs/mp3d_eval.sh (MP3D)
 # and jobs/perception_curves.sh (GIBSON_RUN: its Gibson @rest memory and encoder).

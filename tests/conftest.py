@@ -61,9 +61,10 @@ def nav_memory(tmp_path_factory) -> tuple[str, str]:
     memory; an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0; training is
     tested in test_encoder.py) whose embeddings are written to every chunk.
     """
+    from trajrag import config
     from trajrag.bench.pipeline import small_memory
 
-    return small_memory(tmp_path_factory.mktemp("nav-memory"), "procedural:train:3", 5, list(FAST_SIM))
+    return small_memory(tmp_path_factory.mktemp("nav-memory"), "procedural:train:3", 5, config.settings(FAST_SIM))
 
 
 # -- a local S3 endpoint (moto's server, loopback only) for object-store URIs --------------------

@@ -23,6 +23,7 @@ def _keys(s3, prefix: str) -> set[str]:
     return {o["Key"][len(prefix):] for o in listing.get("Contents", [])}
 
 
+@pytest.mark.slow
 def test_an_encoder_folder_on_s3_loads_as_the_local_one(s3_env, nav_memory, tmp_path, monkeypatch):
     monkeypatch.setenv(artefacts.CACHE_ENV, str(tmp_path / "cache"))
     _store, model_dir = nav_memory
@@ -59,6 +60,7 @@ def test_a_value_model_fitted_to_an_s3_uri_keeps_its_experience_beside_it(s3_env
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_an_evaluation_into_an_s3_uri_writes_its_records_there_and_resumes_from_them(
         s3_env, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(artefacts.CACHE_ENV, str(tmp_path / "cache"))
@@ -95,6 +97,7 @@ def test_two_jobs_writing_one_uri_keep_each_others_files(s3_env, tmp_path, monke
     assert artefacts.local_copy(artefacts.join(uri, "shard-1.jsonl")).read_text() == "c\n"
 
 
+@pytest.mark.slow
 def test_a_model_uri_with_nothing_there_is_one_line_naming_it(s3_env, tmp_path, monkeypatch, capsys, nav_memory):
     monkeypatch.setenv(artefacts.CACHE_ENV, str(tmp_path / "cache"))
     store, _model = nav_memory

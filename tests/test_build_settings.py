@@ -21,6 +21,7 @@ def _build(store, capsys, *extra: str) -> tuple[int, str]:
     return code, captured.out if code == 0 else captured.err
 
 
+@pytest.mark.slow
 def test_a_build_with_other_sensor_settings_is_refused_naming_the_keys_and_changes_nothing(tmp_path, capsys):
     store = tmp_path / "memory"
     code, out = _build(store, capsys)
@@ -47,6 +48,7 @@ def test_a_build_with_other_sensor_settings_is_refused_naming_the_keys_and_chang
     assert all(r["datasets"] == ["procedural"] and r["sim"]["width"] == 64 for r in recorded)
 
 
+@pytest.mark.slow
 def test_more_walks_of_the_same_world_are_added_whatever_the_episode_seed(tmp_path, capsys):
     store = tmp_path / "memory"
     assert _build(store, capsys)[0] == 0
@@ -54,6 +56,7 @@ def test_more_walks_of_the_same_world_are_added_whatever_the_episode_seed(tmp_pa
     assert code == 0 and json.loads(out)["collected"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset_change", [["--set", "episodes.goal_categories=[chair,bed]"]])
 def test_another_goal_vocabulary_is_another_memory(tmp_path, capsys, dataset_change):
     store = tmp_path / "memory"

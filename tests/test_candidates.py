@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from trajrag import config
 from trajrag.topo.candidates import MapPlace, candidate_paths, frontier_node, map_place, step_candidates
 from trajrag.topo.sectors import sector_vectors
-from trajrag.topo.trajectory import TopoPolarTrajectory, load_config
+from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.frames import xy_to_cell
 
 CS = 0.05
@@ -48,7 +49,7 @@ def frontier_strip(x0, x1, y0, y1) -> Frontier:
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config()
+    return config.load("topo")
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +143,14 @@ def test_frontiers_of_graph_disconnected_nodes_are_not_valid(cfg):
     current = TopoPolarTrajectory(node_xy[:1], np.full((1, 12), -1), sem_map.categories, "chair", 0.0,
                                   node_ids=[0], node_visit_steps=[0])
     frontiers = [frontier_strip(5.5, 5.6, 0.8, 1.2), frontier_strip(3.0, 3.4, 5.5, 5.6)]
-    cands = candidate_paths(node_xy, edges, 0, frontiers, sem_map, load_config(), current)
+    cands = candidate_paths(node_xy, edges, 0, frontiers, sem_map, config.load("topo"), current)
     assert [cp.frontier_index for cp in cands] == [0]
     assert cands[0].node_path.tolist() == [0, 1, 2]
     assert cands[0].trajectory.node_ids.tolist() == [0, 1, 2, -1]
     assert cands[0].trajectory.node_visit_steps.tolist() == [0, -1, -1, -1]
     assert cands[0].length_m == pytest.approx(4.0 + np.linalg.norm(frontiers[0].centroid_xy - node_xy[2]))
     # Joining node 3 to the graph makes its frontier valid.
-    cands = candidate_paths(node_xy, np.vstack([edges, [[2, 3]]]), 0, frontiers, sem_map, load_config(), current)
+    cands = candidate_paths(node_xy, np.vstack([edges, [[2, 3]]]), 0, frontiers, sem_map, config.load("topo"), current)
     assert [cp.frontier_index for cp in cands] == [0, 1] and cands[1].node_path.tolist() == [0, 1, 2, 3]
 
 

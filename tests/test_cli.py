@@ -19,6 +19,7 @@ from trajrag.memory.store import MemoryStore
 SMALL_SIM = ["--set", "sim.width=160", "--set", "sim.height=120"]
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_keys_users_read(capsys):
     assert main(["episodes", "check", "--scenes", "procedural:val:2", "--episodes", "generated:6", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -28,6 +29,7 @@ def test_doctor_reports_the_keys_users_read(capsys):
     assert sum(row["episodes"] for row in report["per_category"].values()) == 12
 
 
+@pytest.mark.slow
 def test_doctor_on_gibson_train(gibson_train_path, capsys):
     assert main(["episodes", "check", "--scenes", str(gibson_train_path), "--episodes", "generated:1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -74,6 +76,7 @@ def test_doctor_rejects_a_pickle_carrying_code(tmp_path, capsys):
     assert "evil_info.pbz2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_writes_records_table_and_picture_and_resumes(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["run", "--scenes", "procedural:val:1", "--episodes", "generated:2", "--agents", "oracle",
@@ -90,6 +93,7 @@ def test_run_writes_records_table_and_picture_and_resumes(ray_session, tmp_path,
     assert len((out / "oracle" / "episodes.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_corpus_stats_reports_grouping_quality_and_its_ceiling(nav_memory, capsys):
     store, _ = nav_memory
     assert main(["corpus", "stats", "--store", store, "--json", "--ceiling"]) == 0
@@ -113,6 +117,7 @@ def _grouping(uri: str) -> set[frozenset[str]]:
     return {frozenset(g) for g in groups.values()}
 
 
+@pytest.mark.slow
 def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     source_versions = MemoryStore(store, read_only=True).versions()
@@ -132,6 +137,7 @@ def test_corpus_regroup_replays_a_memory_under_other_settings(nav_memory, tmp_pa
     assert "already holds" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evidence(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     # Collected chunks keep the maps they were walked in, so a map replay groups by maps.
@@ -144,6 +150,7 @@ def test_corpus_regroup_replays_the_maps_and_fit_verifier_names_too_little_evide
     assert "too few to fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_preset_is_its_overrides_a_set_wins_over_it_and_bad_ones_are_named(nav_memory, tmp_path, monkeypatch,
                                                                               capsys):
     from trajrag import config
@@ -170,6 +177,7 @@ def test_a_preset_is_its_overrides_a_set_wins_over_it_and_bad_ones_are_named(nav
     assert "preset 'typo'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_show_draws_a_group_and_names_a_missing_one(nav_memory, tmp_path, capsys):
     store, _ = nav_memory
     picture = tmp_path / "group.png"
@@ -222,7 +230,7 @@ BAD_LINES = [
 
 @pytest.mark.parametrize("line,needle", BAD_LINES)
 def test_a_bad_record_in_the_middle_is_named_by_file_and_line(tmp_path, line, needle):
-    from trajrag.agent.evaluate import PAIRED_METRICS, AgentRun, RecordsError
+    from trajrag.agent.run_records import PAIRED_METRICS, AgentRun, RecordsError
     from trajrag.distributed.evaluate import ShardedRun
 
     path = tmp_path / "frontier" / "episodes.jsonl"
@@ -239,7 +247,7 @@ def test_a_bad_record_in_the_middle_is_named_by_file_and_line(tmp_path, line, ne
 
 
 def test_a_torn_last_line_is_left_out_then_cut_before_the_next_append(tmp_path, capsys):
-    from trajrag.agent.evaluate import AgentRun, cut_torn_tail
+    from trajrag.agent.run_records import AgentRun, cut_torn_tail
 
     path = tmp_path / "frontier" / "episodes.jsonl"
     path.parent.mkdir()
@@ -257,6 +265,7 @@ def test_a_torn_last_line_is_left_out_then_cut_before_the_next_append(tmp_path, 
     assert path.read_bytes() == whole + whole and not capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_resume_cuts_a_torn_last_record_and_keeps_the_ones_before(tmp_path, capsys):
     out = tmp_path / "eval"
     argv = [*EVAL, "--out", str(out)]
@@ -285,12 +294,12 @@ def test_eval_resume_cuts_a_torn_last_record_and_keeps_the_ones_before(tmp_path,
 @pytest.mark.parametrize("stored", ["[1, 2]", '"str"', "null", '{"overrides": ["sim.width=320"]}',
                                     '{"planner": "frontier", "inputs": []}', "{not json"])
 def test_a_run_json_of_another_shape_is_named_and_left_alone(tmp_path, stored):
-    from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
+    from trajrag.agent.run_claims import RunSettingsError, claim_runs, run_settings
 
     (tmp_path / "frontier").mkdir()
     (tmp_path / "frontier" / "run.json").write_text(stored)
     with pytest.raises(RunSettingsError, match="run.json: not a run settings file"):
-        with claim_runs(tmp_path, {"frontier": run_settings("frontier", [])}):
+        with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings([]))}):
             pass
     assert (tmp_path / "frontier" / "run.json").read_text() == stored
 
@@ -298,9 +307,9 @@ def test_a_run_json_of_another_shape_is_named_and_left_alone(tmp_path, stored):
 def test_a_run_that_finished_no_episode_is_claimed_again(tmp_path, capsys):
     """A failed eval (a bad path, a bad --set) leaves a run.json and no record: the corrected
     command must not be told its 0 episodes would mix."""
-    from trajrag.agent.evaluate import RunSettingsError, claim_runs, run_settings
+    from trajrag.agent.run_claims import RunSettingsError, claim_runs, run_settings
 
-    failed, fixed = (run_settings("frontier", [o]) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
+    failed, fixed = (run_settings("frontier", config.settings([o])) for o in ("retrieval.model_dir=/nonexist", "sim.width=320"))
     for settings in (failed, fixed):
         with claim_runs(tmp_path, {"frontier": settings}):
             pass
@@ -320,11 +329,11 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
     """The race of two `trajrag eval` on one --out and label, played out in one process: the
     second claimer comes while the first is between reading run.json and writing it (both see no
     run.json, or one whose run finished no episode, which may be claimed again)."""
-    from trajrag.agent import evaluate
-    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+    from trajrag.agent import run_claims
+    from trajrag.agent.run_claims import RunClaimedError, claim_runs, run_settings
 
-    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
-    check, refused = evaluate._to_claim, []
+    first, second = run_settings("frontier", config.settings(NARROW)), run_settings("frontier", config.settings(WIDE))
+    check, refused = run_claims._to_claim, []
 
     def checked_while_the_second_comes(run, wanted, alone=True):
         if not refused:
@@ -334,7 +343,7 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
             refused.append(str(error.value))
         return check(run, wanted, alone)
 
-    monkeypatch.setattr(evaluate, "_to_claim", checked_while_the_second_comes)
+    monkeypatch.setattr(run_claims, "_to_claim", checked_while_the_second_comes)
     with claim_runs(tmp_path, {"frontier": first}):
         assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == first
         # once claimed, while its first episode is still walking (0 finished): refused all the same
@@ -345,7 +354,7 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
     assert refused and f"{tmp_path / 'frontier'}: run 'frontier' is being walked by another process" in refused[0]
     assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == first
     # released: the label's run finished no episode, so other settings claim it again
-    monkeypatch.setattr(evaluate, "_to_claim", check)
+    monkeypatch.setattr(run_claims, "_to_claim", check)
     with claim_runs(tmp_path, {"frontier": second}):
         pass
     assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == second
@@ -353,9 +362,9 @@ def test_of_two_claimers_of_one_label_at_once_exactly_one_wins(tmp_path, monkeyp
 
 
 def test_shards_of_one_evaluation_share_a_label_that_other_settings_cannot_take(tmp_path):
-    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+    from trajrag.agent.run_claims import RunClaimedError, claim_runs, run_settings
 
-    first, second = run_settings("frontier", NARROW), run_settings("frontier", WIDE)
+    first, second = run_settings("frontier", config.settings(NARROW)), run_settings("frontier", config.settings(WIDE))
     shard = [f"episodes.shard-{i}-of-3.jsonl" for i in range(3)]
     with claim_runs(tmp_path, {"frontier": first}, shard[0]), claim_runs(tmp_path, {"frontier": first}, shard[1]):
         with pytest.raises(RunClaimedError, match="walks it with other settings \\(sim.width: 160 -> 320"):
@@ -367,13 +376,15 @@ def test_shards_of_one_evaluation_share_a_label_that_other_settings_cannot_take(
 CLAIMER = """
 import sys
 from pathlib import Path
-from trajrag.agent.evaluate import claim_runs, run_settings
-with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", ["sim.width=160"])}):
+from trajrag import config
+from trajrag.agent.run_claims import claim_runs, run_settings
+with claim_runs(Path(sys.argv[1]), {"frontier": run_settings("frontier", config.settings(["sim.width=160"]))}):
     print("claimed", flush=True)
     sys.stdin.read()  # holds the label until killed
 """
 
 
+@pytest.mark.slow
 def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path):
     """A process killed mid-run leaves its lock files, with its pid, behind: they hold nothing."""
     import signal
@@ -381,7 +392,7 @@ def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path)
     import sys
 
     import trajrag
-    from trajrag.agent.evaluate import RunClaimedError, claim_runs, run_settings
+    from trajrag.agent.run_claims import RunClaimedError, claim_runs, run_settings
 
     env = {**os.environ, "PYTHONPATH": str(Path(trajrag.__file__).parents[1])}
     other = subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path)], stdin=subprocess.PIPE,
@@ -389,15 +400,15 @@ def test_a_claim_of_a_killed_eval_is_stale_and_a_rerun_takes_the_label(tmp_path)
     try:
         assert other.stdout.readline().strip() == "claimed"
         with pytest.raises(RunClaimedError, match=f"pid {other.pid} on "):
-            with claim_runs(tmp_path, {"frontier": run_settings("frontier", NARROW)}):
+            with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings(NARROW))}):
                 pass
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait(timeout=30)
     assert f"pid {other.pid} on " in (tmp_path / "frontier" / "episodes.jsonl.lock").read_text()
-    with claim_runs(tmp_path, {"frontier": run_settings("frontier", WIDE)}):  # its run finished no episode
+    with claim_runs(tmp_path, {"frontier": run_settings("frontier", config.settings(WIDE))}):  # its run finished no episode
         assert (tmp_path / "frontier" / "episodes.jsonl.lock").read_text().startswith(f"pid {os.getpid()} on ")
-    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == run_settings("frontier", WIDE)
+    assert json.loads((tmp_path / "frontier" / "run.json").read_text()) == run_settings("frontier", config.settings(WIDE))
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -453,7 +464,7 @@ def test_a_damaged_summary_of_another_run_is_named_and_left_out_of_the_table(tmp
 
 
 def test_summaries_are_strict_json_written_in_one_rename(tmp_path):
-    from trajrag.agent.evaluate import write_json
+    from trajrag.agent.run_records import write_json
     from trajrag.distributed.evaluate import records_summary
 
     summary = records_summary([])  # the means over no episode are NaN
@@ -464,7 +475,7 @@ def test_summaries_are_strict_json_written_in_one_rename(tmp_path):
 
 
 def test_planner_counters_report_the_llm_parse_failures():
-    from trajrag.agent.evaluate import planner_counters
+    from trajrag.agent.run_records import planner_counters
 
     llm = [{"planner_stats": {"fallbacks": 1, "parse_failures": n, "retrieval_ms": []}} for n in (2, 3)]
     assert planner_counters(llm)["parse_failures"] == 5 and planner_counters(llm)["fallbacks"] == 2
@@ -472,7 +483,7 @@ def test_planner_counters_report_the_llm_parse_failures():
 
 
 def test_pending_episodes_of_the_ray_job_name_a_bad_record(tmp_path):
-    from trajrag.agent.evaluate import RecordsError
+    from trajrag.agent.run_records import RecordsError
     from trajrag.distributed.evaluate import pending_episodes
 
     (tmp_path / "frontier").mkdir()
@@ -481,6 +492,7 @@ def test_pending_episodes_of_the_ray_job_name_a_bad_record(tmp_path):
         pending_episodes("frontier", [], tmp_path)
 
 
+@pytest.mark.slow
 def test_help_shows_defaults_and_what_each_bench_measures(capsys):
     from trajrag.cli.bench import BENCHES
 

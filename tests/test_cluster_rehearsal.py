@@ -31,16 +31,19 @@ import yaml
 from conftest import REPO
 from test_distributed_corpus import assert_exactly_once
 from trajrag import config
-from trajrag.agent.collect import episode_policy, trajectory_id
+from trajrag.agent.collect import collector_settings, episode_policy, trajectory_id
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
+from trajrag.world.geodesic import Motion
 
 pytestmark = pytest.mark.slow
 
 BUCKET = "trajrag-rehearsal"
 VENV_BIN = Path(sys.executable).parent
-# Tiny renders and walks: the pipeline and the plumbing are under test, not the images.
-TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1", "episodes.max_steps=120"]
+# Tiny renders and short evaluation walks: the pipeline and the plumbing are under test, not the
+# images. The corpus walks keep configs/episodes.yaml's step budget: see EXTRA.
+TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
+SHORT_WALKS = ["episodes.max_steps=120"]
 CORPUS_SCENES, CORPUS_EPISODES = "procedural:train:4", 3
 # Each RayJob's options made tiny for this machine (same option names, same URIs).
 SIZES = {
@@ -54,12 +57,14 @@ SIZES = {
     "sweep": {"--samples": "1"},
 }
 EXTRA = {
-    # Batches of 2: the first chunks land while most walks are still to come, so the node kill
-    # always finds collectors at work.
+    # Batches of 2 and walks of the full step budget: the first chunks land while most walks are
+    # still to come, so the node kill always finds collectors at work.
     "build-corpus": ["corpus_job.writer_batch=2"],
     "train-encoder": ["encoder.train.epochs=2"],
+    "fit-value": SHORT_WALKS,
+    "evaluate": SHORT_WALKS,
     "sweep": ["sweep.scenes=procedural:train:40-41", "sweep.episodes=generated:1", "sweep.chunk_episodes=1",
-              "sweep.max_concurrent_trials=1", "sweep.wandb=false"],
+              "sweep.max_concurrent_trials=1", "sweep.wandb=false", *SHORT_WALKS],
 }
 
 
@@ -305,10 +310,12 @@ def _wipe_caches(cluster: LocalCluster) -> None:
 
 
 def _planned_ids() -> set[str]:
-    scenes = load_scenes(CORPUS_SCENES, TINY)
-    episodes_cfg, corpus_cfg = config.load("episodes", TINY), config.load("corpus", TINY)
+    settings = config.settings(TINY)
+    scenes = load_scenes(CORPUS_SCENES, settings)
+    episodes_cfg, corpus_cfg = settings.episodes, settings.corpus
+    motion = Motion.from_sim_config(collector_settings(settings).sim)
     return {trajectory_id(e, episode_policy(e, "mix", corpus_cfg.oracle_fraction, corpus_cfg.seed))
-            for e in generate_episodes(scenes, CORPUS_EPISODES, episodes_cfg, episodes_cfg.seed)}
+            for e in generate_episodes(scenes, CORPUS_EPISODES, episodes_cfg, episodes_cfg.seed, motion)}
 
 
 def test_the_rayjobs_run_on_two_nodes_with_every_artefact_in_the_bucket(cluster, moto_s3, monkeypatch):

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from trajrag.agent.evaluate import compare_runs
+from trajrag import config
+from trajrag.agent.paired import compare_runs
 from trajrag.cli import main
 
 
@@ -79,7 +80,7 @@ def test_a_missing_folder_is_named(tmp_path, capsys):
 
 
 def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_seeds):
-    from trajrag.agent.evaluate import write_results_table
+    from trajrag.agent.results_table import write_results_table
 
     seed0 = two_seeds[0]
     table = write_results_table({"frontier": {"episodes": 2}, "trajrag": {"episodes": 2}}, seed0)
@@ -91,14 +92,14 @@ def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_s
 def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     """A run paired with a baseline walked at another resolution (or episode budget) compares
     worlds, not planners: the comparison says so, from the runs' run.json."""
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     seed0, seed1 = two_seeds
     trajrag = {seed0: ["sim.width=320", "scoring.w_value=2"],
                seed1: ["sim.width=160", "scoring.w_value=2", "episodes.max_steps=100"]}
     for folder, overrides in trajrag.items():
-        (folder / "frontier" / "run.json").write_text(json.dumps(run_settings("frontier", ["sim.width=320"])))
-        (folder / "trajrag" / "run.json").write_text(json.dumps(run_settings("trajrag", overrides)))
+        (folder / "frontier" / "run.json").write_text(json.dumps(run_settings("frontier", config.settings(["sim.width=320"]))))
+        (folder / "trajrag" / "run.json").write_text(json.dumps(run_settings("trajrag", config.settings(overrides))))
     (result,) = compare_runs(two_seeds, "frontier")
     # planner settings (scoring) may differ; world settings (sim, episodes) may not
     assert result.warnings == [f"{seed1}: episodes.max_steps: 100 (trajrag) vs (default) (frontier)",
@@ -107,7 +108,7 @@ def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):
     assert "warning: not walked in the same world" in capsys.readouterr().err
 
     # a baseline scored by an older trajrag (success inside the goal region only) is flagged too
-    older = {**run_settings("frontier", ["sim.width=320"]), "format": "trajrag-eval-run/1"}
+    older = {**run_settings("frontier", config.settings(["sim.width=320"])), "format": "trajrag-eval-run/1"}
     (seed0 / "frontier" / "run.json").write_text(json.dumps(older))
     (result,) = compare_runs(two_seeds, "frontier")
     assert result.warnings[0] == (f"{seed0}: format: trajrag-eval-run/2 (trajrag) vs trajrag-eval-run/1 (frontier): "
@@ -139,7 +140,7 @@ def write_walks(folder, label, walks, scene):
 def home():
     from trajrag.world.datasets import load_scenes
 
-    return load_scenes("procedural:train:1")[0]
+    return load_scenes("procedural:train:1", config.settings())[0]
 
 
 @pytest.fixture
@@ -153,13 +154,14 @@ def one_home_runs(tmp_path, home):
 
 
 def test_lost_and_won_episodes_come_worst_first(one_home_runs):
-    from trajrag.agent.evaluate import discordant_pairs
+    from trajrag.agent.paired import discordant_pairs
 
     lost, won = discordant_pairs([one_home_runs], "frontier", "trajrag")
     assert [p.run["episode_id"] for p in lost] == ["1", "0"]  # SPL lost: 0.9, then 0.3
     assert [p.run["episode_id"] for p in won] == ["2"] and won[0].d_spl == pytest.approx(0.6)
 
 
+@pytest.mark.slow
 def test_pictures_draw_the_lost_and_won_episodes_with_an_index(one_home_runs, home, tmp_path, capsys):
     """A researcher asks where a planner loses: --pictures draws those episodes, both walks."""
     out = tmp_path / "pics"
@@ -217,7 +219,7 @@ def test_help_shows_percent_signs_once(capsys):
 
 
 def test_the_results_table_names_a_run_with_a_bad_record_instead_of_dropping_its_pairs(two_seeds, capsys):
-    from trajrag.agent.evaluate import write_results_table
+    from trajrag.agent.results_table import write_results_table
 
     seed0 = two_seeds[0]
     path = seed0 / "trajrag" / "episodes.jsonl"

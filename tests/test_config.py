@@ -45,6 +45,7 @@ def test_nested_keys_and_entries_of_free_form_mappings_are_accepted(override):
     config.check_overrides([override])
 
 
+@pytest.mark.slow
 def test_every_set_in_the_docs_jobs_and_tests_names_a_real_key():
     """The ``--set`` examples users copy (README, docs, jobs) and the tests' own."""
     files = [REPO / "README.md", *REPO.glob("docs/*.md"), *(p for p in REPO.glob("jobs/*") if p.is_file()),

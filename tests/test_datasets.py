@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trajrag import config
 from trajrag.world import episode_io
 from trajrag.world.datasets import (
     DatasetError,
+    known_categories,
     load_episodes,
     load_scenes,
     parse_generated_spec,
@@ -26,11 +28,15 @@ from trajrag.world.frames import map_to_habitat_position, map_yaw_to_habitat_yaw
 RELEASE_NAMES = {"chair": "chair", "couch": "sofa", "potted plant": "plant", "bed": "bed",
                  "toilet": "toilet", "tv": "tv_monitor"}
 OURS_TO_RELEASE = {v: k for k, v in RELEASE_NAMES.items()}
+DEFAULTS = config.settings()  # configs/*.yaml
+TOLERANCE = DEFAULTS.episodes.start_floor_tolerance_m
+# what an episode file may name, and as what (configs/gibson.yaml)
+NAMES = {"categories": known_categories(DEFAULTS.gibson), "aliases": DEFAULTS.gibson.category_names}
 
 
 @pytest.fixture(scope="module")
 def scenes(gibson_train_path):
-    return load_scenes(str(gibson_train_path))  # cached: shared with test_gibson.py
+    return load_scenes(str(gibson_train_path), DEFAULTS)  # cached: shared with test_gibson.py
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +102,7 @@ def _assert_pose(episode, pose):
 # -- reading --------------------------------------------------------------------------------
 def test_release_layout_loads_with_scene_keys_poses_and_our_category_names(release_dir, scenes):
     root, expected = release_dir
-    episodes = load_episodes(str(root), scenes)  # strict: every one must be usable
+    episodes = load_episodes(str(root), scenes, DEFAULTS)  # strict: every one must be usable
     assert len(episodes) == len(expected) == 18
     for ep in episodes:
         pose, raw = expected[(ep.scene_key, ep.episode_id)]
@@ -106,19 +112,19 @@ def test_release_layout_loads_with_scene_keys_poses_and_our_category_names(relea
         assert ep.info["object_id"] == raw["object_id"]
         assert ep.start_rotation[0] == 0 and ep.start_rotation[2] == 0  # normalised to [x, y, z, w]
         assert episode_source(ep).endswith(f"{raw['scene_id'][16:-4]}_episodes.json.gz")
-    report = validate_episodes(episodes, scenes)
+    report = validate_episodes(episodes, scenes, TOLERANCE)
     assert report.ok and report.n_episodes == 18 and report.summary() == "18/18 episodes usable"
 
 
 def test_write_then_read_gives_the_same_episodes_and_poses(release_dir, tmp_path, scenes):
     root, expected = release_dir
-    episodes = read_episodes(root)
+    episodes = read_episodes(root, **NAMES)
     written = write_episodes(episodes, tmp_path / "out")
     assert sorted(p.name for p in written) == [
         "Allensville_episodes.json.gz", "Stockman_episodes.json.gz", "Woodbine_episodes.json.gz"]
     assert all(p.parent == tmp_path / "out" / "content" for p in written)
     assert sorted(p.name for p in (tmp_path / "out" / "content").iterdir()) == sorted(p.name for p in written)
-    again = read_episodes(tmp_path / "out")
+    again = read_episodes(tmp_path / "out", **NAMES)
     assert again == episodes
     for ep in again:
         _assert_pose(ep, expected[(ep.scene_key, ep.episode_id)][0])
@@ -128,17 +134,17 @@ def test_write_then_read_gives_the_same_episodes_and_poses(release_dir, tmp_path
 
 def test_generated_episodes_round_trip_through_files(scenes, by_name, tmp_path):
     two = [by_name["gibson/Allensville/0"], by_name["gibson/Benevolence/0"]]
-    generated = load_episodes("generated:3:11", two)
+    generated = load_episodes("generated:3:11", two, DEFAULTS)
     assert len(generated) == 6 and {e.scene_key for e in generated} == {s.name for s in two}
     write_episodes(generated, tmp_path)
-    back = load_episodes(str(tmp_path), scenes)
+    back = load_episodes(str(tmp_path), scenes, DEFAULTS)
     assert back == generated
     for a, b in zip(generated, back):
         assert a.start_pose() == b.start_pose()
 
 
 def test_a_failed_write_leaves_no_partial_files(release_dir, tmp_path, monkeypatch):
-    episodes = read_episodes(release_dir[0])
+    episodes = read_episodes(release_dir[0], **NAMES)
     out = tmp_path / "out"
     real = episode_io._write_temp
     calls = []
@@ -170,15 +176,15 @@ def test_off_map_start_and_absent_category_are_reported_with_file_and_id(tmp_pat
     path = _write_json_gz(tmp_path / "Stockman_episodes.json.gz", {"episodes": raw})
 
     with pytest.raises(EpisodeError, match=r"Stockman_episodes\.json\.gz: episode 1 .*outside"):
-        load_episodes(str(tmp_path), scenes)
-    episodes = load_episodes(str(path), scenes, strict=False)
-    report = validate_episodes(episodes, scenes)
+        load_episodes(str(tmp_path), scenes, DEFAULTS)
+    episodes = load_episodes(str(path), scenes, DEFAULTS, strict=False)
+    report = validate_episodes(episodes, scenes, TOLERANCE)
     assert not report.ok and report.n_unusable == 2 and report.counts() == {"off_map": 1, "category_absent": 1}
     assert [(p.episode_id, p.kind) for p in report.problems] == [("1", "off_map"), ("2", "category_absent")]
     assert all(p.source == str(path) for p in report.problems)
     assert "'sofa' has no object" in str(report.problems[1]) and "1/3 episodes usable" in report.summary()
     with pytest.raises(EpisodeError, match=r"Stockman_episodes\.json\.gz: episode 2 .*'sofa' has no object"):
-        validate_episodes(episodes[2:], scenes, strict=True)
+        validate_episodes(episodes[2:], scenes, TOLERANCE, strict=True)
 
 
 def test_start_on_a_wall_cell_and_unknown_scene_are_reported(tmp_path, by_name, scenes):
@@ -188,7 +194,7 @@ def test_start_on_a_wall_cell_and_unknown_scene_are_reported(tmp_path, by_name, 
     raw[0]["start_position"] = map_to_habitat_position(scene.to_xy(wall), 0.0)
     raw[1]["scene_id"] = "gibson_semantic/Nowhere.glb"
     _write_json_gz(tmp_path / "x.json.gz", {"episodes": raw})
-    report = validate_episodes(read_episodes(tmp_path), scenes)
+    report = validate_episodes(read_episodes(tmp_path, **NAMES), scenes, TOLERANCE)
     assert [p.kind for p in report.problems] == ["not_traversable", "unknown_scene"]
     assert "gibson/Nowhere/0" in report.problems[1].message
 
@@ -199,12 +205,12 @@ def test_a_start_on_another_floor_is_reported(tmp_path, by_name, scenes):
     raw[1]["start_position"][1] = scene.floor_height + 2.8  # the floor above, at a cell of this map
     raw[2]["start_position"][1] = scene.floor_height + 0.6  # a step within this floor
     _write_json_gz(tmp_path / "x.json.gz", {"episodes": raw})
-    report = validate_episodes(read_episodes(tmp_path), scenes)
+    report = validate_episodes(read_episodes(tmp_path, **NAMES), scenes, TOLERANCE)
     assert [(p.episode_id, p.kind) for p in report.problems] == [("1", "other_floor")]
     assert "+2.80 m from this map's floor" in report.problems[0].message
     with pytest.raises(EpisodeError, match="episode 1 .*another floor"):
-        load_episodes(str(tmp_path), scenes)
-    assert validate_episodes(read_episodes(tmp_path), scenes, overrides=["episodes.start_floor_tolerance_m=3"]).ok
+        load_episodes(str(tmp_path), scenes, DEFAULTS)
+    assert validate_episodes(read_episodes(tmp_path, **NAMES), scenes, 3.0).ok
 
 
 @pytest.mark.parametrize("change, message", [
@@ -222,7 +228,7 @@ def test_malformed_episodes_name_the_file_and_episode(tmp_path, by_name, change,
     change(raw[0])
     _write_json_gz(tmp_path / "content" / "Allensville_episodes.json.gz", {"episodes": raw})
     with pytest.raises(EpisodeError, match=r"Allensville_episodes\.json\.gz: " + message):
-        read_episodes(tmp_path)
+        read_episodes(tmp_path, **NAMES)
 
 
 def test_malformed_files_are_episode_errors_naming_the_file(tmp_path, by_name):
@@ -236,14 +242,14 @@ def test_malformed_files_are_episode_errors_naming_the_file(tmp_path, by_name):
     no_list = _write_json_gz(tmp_path / "nolist.json.gz", {"episode": []})
     for path in (bad_json, truncated, not_gzip, no_list):
         with pytest.raises(EpisodeError, match=path.name):
-            read_episodes(path)
+            read_episodes(path, **NAMES)
     with pytest.raises(EpisodeError, match="no episode files"):
-        read_episodes(_empty(tmp_path))
+        read_episodes(_empty(tmp_path), **NAMES)
     raw, _ = _release_episodes(by_name["gibson/Allensville/0"], 1, np.random.default_rng(4))
     _write_json_gz(tmp_path / "dup" / "one.json.gz", {"episodes": raw})
     _write_json_gz(tmp_path / "dup" / "two.json.gz", {"episodes": raw})
     with pytest.raises(EpisodeError, match=r"two\.json\.gz: episode 0: .*already has an episode with this id"):
-        read_episodes(tmp_path / "dup")
+        read_episodes(tmp_path / "dup", **NAMES)
 
 
 def _empty(tmp_path: Path) -> Path:
@@ -254,18 +260,18 @@ def _empty(tmp_path: Path) -> Path:
 # -- specs ----------------------------------------------------------------------------------
 def test_scene_specs(gibson_train_path, scenes):
     assert len(scenes) == 25
-    assert [s.name for s in load_scenes(str(gibson_train_path.parent))] == [s.name for s in scenes]
+    assert [s.name for s in load_scenes(str(gibson_train_path.parent), DEFAULTS)] == [s.name for s in scenes]
     assert parse_procedural_spec("procedural:val:12") == ("val", 12)
     for bad, why in [("procedural:dev:3", "unknown split 'dev'"), ("procedural:train:0", "not a positive"),
                      ("procedural:train:x", "not a positive"), ("procedural:train", "expected procedural:SPLIT:N"),
                      ("/no/such/train_info.pbz2", "no such file"), (str(gibson_train_path.parents[2] / "README.md"),
                                                                      "expected a Gibson")]:
         with pytest.raises(DatasetError, match=why):
-            load_scenes(bad)
+            load_scenes(bad, DEFAULTS)
 
 
 def test_procedural_spec_loads_that_many_scenes():
-    procedural = load_scenes("procedural:val:2")
+    procedural = load_scenes("procedural:val:2", DEFAULTS)
     assert len(procedural) == 2 and len({s.name for s in procedural}) == 2
 
 
@@ -274,6 +280,6 @@ def test_episode_specs(scenes):
     assert parse_generated_spec("generated:5:-3") == (5, -3)
     for bad in ("generated:0", "generated:x", "generated:2:y", "generated:"):
         with pytest.raises(DatasetError, match="expected generated:K"):
-            load_episodes(bad, scenes)
+            load_episodes(bad, scenes, DEFAULTS)
     with pytest.raises(FileNotFoundError, match="no/such/dir"):
-        load_episodes("/no/such/dir", scenes)
+        load_episodes("/no/such/dir", scenes, DEFAULTS)

@@ -52,9 +52,10 @@ def test_frontiers_without_a_field_value_and_scoreless_planners_are_handled():
     assert q["decision_score_rho"] is None and q["decision_score_rho_n"] == 0
 
 
+@pytest.mark.slow
 def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_unknown():
-    scene = load_scenes("procedural:val:1")[0]
-    episode = load_episodes("generated:1", [scene])[0]
+    scene = load_scenes("procedural:val:1", config.settings())[0]
+    episode = load_episodes("generated:1", [scene], config.settings())[0]
     field = scene_goal_field(scene, episode.object_category, config.load("episodes"))
     audit = DecisionAudit(scene, field, AUDIT.search_radius_m)
     on_goal = scene.to_xy(np.argwhere(field.region)[:1])
@@ -64,11 +65,11 @@ def test_a_frontier_on_the_goal_is_zero_metres_from_it_and_one_off_the_grid_is_u
 
 def _evaluate(name, agent, out, audit=AUDIT, overrides=()):
     """``agent`` (a registry name) on 2 episodes of one val home, into ``out/name``."""
-    scenes = load_scenes("procedural:val:1")
-    sim_cfg = config.load("sim", OVERRIDES)
-    return evaluate_agent(name, lambda: make_agent(agent, sim_cfg, [*OVERRIDES, *overrides]), GridSimulator(sim_cfg),
-                          load_episodes("generated:2", scenes), scenes, out, config.load("episodes", OVERRIDES),
-                          progress=False, audit=audit)
+    settings = config.settings(OVERRIDES)
+    scenes = load_scenes("procedural:val:1", settings)
+    return evaluate_agent(name, lambda: make_agent(agent, settings.with_overrides(overrides)),
+                          GridSimulator(settings.sim), load_episodes("generated:2", scenes, config.settings()), scenes,
+                          out, settings.episodes, progress=False, audit=audit)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,7 @@ def audited_frontier(tmp_path_factory) -> tuple[dict, Path]:
     return _evaluate("frontier", "frontier", out), out / "frontier" / "episodes.jsonl"
 
 
+@pytest.mark.slow
 def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_without(audited_frontier, tmp_path):
     plain = _evaluate("frontier", "frontier", tmp_path / "plain", audit=None)
     audited, records_file = audited_frontier
@@ -95,6 +97,7 @@ def test_an_audited_evaluation_records_every_decision_and_walks_exactly_as_witho
             assert any(g is not None for g in d["frontier_to_goal_m"])
 
 
+@pytest.mark.slow
 def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_nearest_frontier(
         audited_frontier, tmp_path):
     oracle = _evaluate("oracle-1", "frontier-oracle", tmp_path)
@@ -105,4 +108,14 @@ def test_the_frontier_oracle_picks_every_best_frontier_and_at_p_zero_walks_as_ne
     assert never["spl"] == nearest["spl"] and never["planner_calls"] == nearest["planner_calls"]
     assert oracle["spl"] >= nearest["spl"]
     with pytest.raises(ValueError, match="oracle_follow_p"):
-        make_agent("frontier-oracle", config.load("sim", OVERRIDES), [*OVERRIDES, "audit.oracle_follow_p=1.5"])
+        make_agent("frontier-oracle", config.settings([*OVERRIDES, "audit.oracle_follow_p=1.5"]))
+
+
+@pytest.mark.slow
+def test_a_rerun_of_the_same_evaluation_walks_nothing_and_says_so(audited_frontier, tmp_path):
+    """`trajrag run --set run.workers=0` reads these counts (it crashed on a summary without them)."""
+    summary, records_file = audited_frontier
+    assert (summary["evaluated"], summary["skipped_already_done"]) == (2, 0)
+    again = _evaluate("frontier", "frontier", records_file.parent.parent)
+    assert (again["evaluated"], again["skipped_already_done"]) == (0, 2)
+    assert again["sr"] == summary["sr"] and again["spl"] == summary["spl"]

@@ -152,6 +152,7 @@ def test_exact_name_beats_a_longer_name_sharing_its_word():
 
 
 # -- random tiny models -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_masks_are_bool_per_category_at_the_depth_size(perception, tiny_models):
     seg = GroundedSamSegmenter(VOCAB, _with(perception, box_threshold=0.0, text_threshold=0.0), tiny_models)
     assert isinstance(seg, ObjectSegmenter)
@@ -219,6 +220,7 @@ def test_cuda_without_a_gpu_is_a_clear_error(perception, tiny_models):
     assert GroundedSamSegmenter(VOCAB, dataclasses.replace(perception, device="auto"), tiny_models).device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_checkpoints_load_from_local_folders(perception, tiny_models, tmp_path):
     dino, sam = tmp_path / "grounding-dino", tmp_path / "sam"
     tiny_models.detector.save_pretrained(dino)
@@ -319,6 +321,7 @@ def test_known_box_marks_the_objects_map_cells(perception, tokenizer):
 
 
 # -- the bench ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bench_times_the_oracle_and_stops_on_missing_weights(capsys):
     assert main(["bench", "perception", "--quick", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -14,23 +14,31 @@ from collections import Counter
 import pytest
 
 from trajrag import config
-from trajrag.agent.collect import trajectory_id
+from trajrag.agent.collect import collector_settings, trajectory_id
 from trajrag.distributed.corpus import FaultPlan, build_corpus_ray
 from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreClaimedError, claim_store
 from trajrag.memory.value_log import ValueLog
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
+from trajrag.world.geodesic import Motion
 
 SCENES, PER_SCENE, POLICY = "procedural:train:2", 3, "oracle"
 # Tiny images (mapping stride 1 keeps every pixel): the same pipeline, ~0.1 s an episode.
 TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
 
 
+def planned_episodes() -> list:
+    """The episodes of the build's plan, in plan order, computed independently of the job (for
+    the collectors' motion)."""
+    settings = config.settings(TINY)
+    cfg = settings.episodes
+    motion = Motion.from_sim_config(collector_settings(settings).sim)
+    return generate_episodes(load_scenes(SCENES, settings), PER_SCENE, cfg, cfg.seed, motion)
+
+
 def planned_ids(policy: str) -> set[str]:
-    """The trajectory ids the build must end up with, computed independently of the job."""
-    scenes = load_scenes(SCENES, TINY)
-    cfg = config.load("episodes", TINY)
-    return {trajectory_id(e, policy) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)}
+    """The trajectory ids the build must end up with."""
+    return {trajectory_id(e, policy) for e in planned_episodes()}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +47,7 @@ def planned() -> set[str]:
 
 
 def build(store, faults=None, workers=2, policy=POLICY) -> dict:
-    return build_corpus_ray(SCENES, PER_SCENE, policy, str(store), TINY, workers=workers,
+    return build_corpus_ray(SCENES, PER_SCENE, policy, str(store), config.settings(TINY), workers=workers,
                             progress=False, faults=faults)
 
 
@@ -60,6 +68,7 @@ def assert_exactly_once(store, planned: set[str]) -> None:
     assert len(chunks) + len(redundant) + len(rejected) == len(planned)
 
 
+@pytest.mark.slow
 def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_path, planned):
     marker = tmp_path / "collector-crashed"
     summary = build(tmp_path / "store", FaultPlan(str(marker), collector_exit_after_episodes=1))
@@ -70,21 +79,20 @@ def test_collector_crash_requeues_its_shard_and_loses_nothing(ray_session, tmp_p
     assert_exactly_once(tmp_path / "store", planned)
 
 
+@pytest.mark.slow
 def test_trajectories_reach_the_memory_in_plan_order_whatever_order_collectors_finish(ray_session, tmp_path):
     """Grouping depends on the order of insertion: a crashed collector's episodes come back late,
     yet the writer must see the plan's order, or two builds of one plan give two memories."""
-    scenes = load_scenes(SCENES, TINY)
-    cfg = config.load("episodes", TINY)
-    in_plan_order = [trajectory_id(e, POLICY) for e in generate_episodes(scenes, PER_SCENE, cfg, cfg.seed)]
+    in_plan_order = [trajectory_id(e, POLICY) for e in planned_episodes()]
     marker = tmp_path / "collector-crashed"
     summary = build(tmp_path / "store", FaultPlan(str(marker), collector_exit_after_episodes=1))
     assert marker.exists() and summary["faults"]["episodes_requeued"] >= 1
     decided = MemoryStore(str(tmp_path / "store"), read_only=True).read(DECISIONS, ["trajectory_id"])
     assert decided.column("trajectory_id").to_pylist() == in_plan_order
     # One process walks the plan in order: the same memory, chunk for chunk and group for group.
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
-    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), TINY, progress=False)
+    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), config.settings(TINY), progress=False)
     assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
 
 
@@ -94,6 +102,7 @@ def _groups(store) -> list[tuple[str, int]]:
                   for r in db.resolve_chunks(db.read(CHUNKS, ["trajectory_id", "group_id"]), db.group_aliases()))
 
 
+@pytest.mark.slow
 def test_writer_crash_after_commit_resends_and_skips_what_was_committed(ray_session, tmp_path):
     # Exploration walks: their decisions (for the frontier value) go through the writer too.
     planned = planned_ids("explore")
@@ -115,21 +124,22 @@ def test_sharded_writers_build_exactly_once_through_a_writer_crash_as_one_proces
     # One collector and two half-CPU shard actors fit the session's 2 CPUs.
     overrides = [*TINY, "corpus_job.shard_num_cpus=0.5"]
     marker = tmp_path / "writer-crashed"
-    summary = build_corpus_ray(SCENES, PER_SCENE, POLICY, str(tmp_path / "store"), overrides, workers=1,
+    summary = build_corpus_ray(SCENES, PER_SCENE, POLICY, str(tmp_path / "store"), config.settings(overrides), workers=1,
                                progress=False, writers=2,
                                faults=FaultPlan(str(marker), writer_exit_after_commits=1))
     assert marker.exists() and summary["faults"]["writer_failures"] >= 1
     assert summary["decisions"].get("duplicate", 0) >= 1
     assert_exactly_once(tmp_path / "store", planned)
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
-    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), TINY, progress=False, writers=2)
+    build_corpus(SCENES, PER_SCENE, POLICY, str(tmp_path / "one"), config.settings(TINY), progress=False, writers=2)
     assert _groups(tmp_path / "one") == _groups(tmp_path / "store")
 
 
+@pytest.mark.slow
 def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_path, planned, capsys):
     from trajrag.cli import main
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
 
     store = tmp_path / "store"
     argv = ["corpus", "build", "--scenes", SCENES, "--episodes-per-scene", str(PER_SCENE),
@@ -148,7 +158,7 @@ def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_pat
         assert main(argv) == 2
         assert "being written by another job" in capsys.readouterr().err
         with pytest.raises(StoreClaimedError, match="corpus build in another shell"):
-            build_corpus(SCENES, PER_SCENE, POLICY, str(store), TINY, progress=False)
+            build_corpus(SCENES, PER_SCENE, POLICY, str(store), config.settings(TINY), progress=False)
     assert MemoryStore(str(store), read_only=True).versions() == versions
     second = build(store, workers=1)
     assert second["collected"] == 0 and second["skipped_already_stored"] == len(planned)
@@ -156,9 +166,10 @@ def test_cli_build_with_workers_then_rerun_collects_nothing(ray_session, tmp_pat
     assert_exactly_once(store, planned)
 
 
+@pytest.mark.slow
 def test_map_summaries_hold_the_places_the_collectors_saw_not_only_walked(ray_session, tmp_path, planned):
     store = tmp_path / "store"
-    build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), [*TINY, "memory.summary_geometry=map"],
+    build_corpus_ray(SCENES, PER_SCENE, POLICY, str(store), config.settings([*TINY, "memory.summary_geometry=map"]),
                      workers=2, progress=False)
     assert_exactly_once(store, planned)
     db = MemoryStore(str(store), read_only=True)

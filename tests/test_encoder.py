@@ -8,6 +8,7 @@ on the suite's one local Ray (``ray_session`` in conftest.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from trajrag.encoder import EncoderError, load_config, torch_device
+from trajrag import config
+from trajrag.encoder import EncoderError, torch_device
 from trajrag.encoder.data import (
     crop_sequence,
     sample_pairs,
@@ -74,16 +76,17 @@ def _overrides(node_dir: Path, **train) -> list[str]:
 def store_uri(tmp_path_factory) -> str:
     """A memory store of 8 synthetic homes, 10 trajectories each, grouped by the real memory."""
     uri = str(tmp_path_factory.mktemp("encoder-store") / "memory")
-    counts = synthetic_store(uri, n_scenes=8, per_scene=10, seed=5, length=(5, 10))
+    counts = synthetic_store(uri, n_scenes=8, per_scene=10, seed=5, memory_cfg=config.load("memory"), length=(5, 10))
     assert counts.get("new", 0) + counts.get("merge", 0) >= 60
     return uri
 
 
 # -- node encoder ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_default_node_encoder_is_minilm_offline_and_caches_repeated_nodes():
     from trajrag.encoder.node_encoder import NodeEncoder
 
-    cfg = load_config()
+    cfg = config.load("encoder")
     encoder = NodeEncoder(cfg.node)
     assert encoder.dim == 384 and encoder.path.name == "model"
     names = {0: "bed", 1: "tv_monitor"}
@@ -103,7 +106,7 @@ def test_default_node_encoder_is_minilm_offline_and_caches_repeated_nodes():
 
 
 def test_the_memory_jobs_encode_on_the_gpu_when_torch_sees_one_and_a_bad_device_names_the_key():
-    assert load_config().node.device == "auto"
+    assert config.load("encoder").node.device == "auto"
     assert torch_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert torch_device("cpu") == "cpu" and torch_device("cuda:1") == "cuda:1"
     with pytest.raises(EncoderError, match="encoder.node.device is 'gpu0'"):
@@ -114,14 +117,15 @@ def test_node_encoder_folder_without_safetensors_is_a_clear_error(tmp_path):
     from trajrag.encoder.node_encoder import NodeEncoder
 
     (tmp_path / "config.json").write_text("{}")
-    cfg = load_config([f"encoder.node.model_dir={tmp_path}"])
+    cfg = config.load("encoder", [f"encoder.node.model_dir={tmp_path}"])
     with pytest.raises(EncoderError, match="model.safetensors"):
         NodeEncoder(cfg.node)
 
 
 # -- model files ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself(tmp_path):
-    cfg = load_config()
+    cfg = config.load("encoder")
     model = build_model(cfg.model, TINY_DIM, seed=3)
     rng = np.random.default_rng(0)
     seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (3, 7, 1)]
@@ -153,12 +157,13 @@ def test_model_round_trips_through_safetensors_and_a_corrupted_file_names_itself
         load_model_dir(tmp_path)
 
 
+@pytest.mark.slow
 def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pooling(tmp_path):
     from dataclasses import replace
 
     from trajrag.config import ConfigError
 
-    cfg = load_config(["encoder.model.pooling=end_mean"])
+    cfg = config.load("encoder", ["encoder.model.pooling=end_mean"])
     model = build_model(cfg.model, TINY_DIM, seed=3)
     rng = np.random.default_rng(1)
     seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in (4, 2)]
@@ -181,7 +186,7 @@ def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pool
     legacy, _ = load_model_dir(tmp_path / "old")
     np.testing.assert_allclose(embed(legacy, seqs, goals, 2), embed(end_only, seqs, goals, 2), atol=1e-6)
     with pytest.raises(ConfigError, match="pooling"):
-        load_config(["encoder.model.pooling=max"])
+        config.load("encoder", ["encoder.model.pooling=max"])
 
 
 # -- loss and pairs -------------------------------------------------------------------------------
@@ -269,10 +274,11 @@ def test_folds_hold_out_every_scene_exactly_once():
         split_scenes(scenes, 0.2, 2, seed=0, fold=(0, 12))
     for bad in ("4/4", "1/1", "two"):
         with pytest.raises(ValueError, match="encoder.train.fold"):
-            load_config([f"encoder.train.fold={bad}"])
+            config.load("encoder", [f"encoder.train.fold={bad}"])
 
 
 # -- Ray Train, a killed worker, evaluation, the store ---------------------------------------------
+@pytest.mark.slow
 def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
     from trajrag.cli import main
@@ -285,7 +291,7 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
     epochs = 4
     out = tmp_path / "model"
     marker = tmp_path / "killed"
-    cfg = load_config(_overrides(tiny_node_dir, epochs=epochs))
+    cfg = config.load("encoder", _overrides(tiny_node_dir, epochs=epochs))
     result = train_encoder(store_uri, out, cfg, workers=2,
                            fault={"epoch": 2, "rank": 1, "marker": str(marker), "delay_s": 1.0})
     assert marker.exists()  # rank 1 did die
@@ -328,14 +334,14 @@ def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
     memory = TrajectoryMemory(store, config_mod.load("memory"))
     row = rows[0]
     traj = memory.load_trajectory(row["trajectory_id"])
-    encoder = TrajectoryEncoder(out, node_cfg=cfg.node, batch_size=8)
+    encoder = TrajectoryEncoder(out, dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, encode_batch=8)))
     np.testing.assert_allclose(encoder.encode_trajectories([traj])[0], row["embedding"], atol=1e-5)
 
     assert main(["encoder", "eval", "--store", store_uri, "--model", str(tmp_path / "nope")]) == 2
     assert "encoder.json" in capsys.readouterr().err
     with claim_store(store_uri, "corpus build in another shell"):  # embeddings wait for a build to end
         with pytest.raises(StoreClaimedError, match="corpus build in another shell"):
-            embed_store(store_uri, out, _overrides(tiny_node_dir))
+            embed_store(store_uri, out, config.load("encoder", _overrides(tiny_node_dir)))
 
 
 # A small transformer: fine-tuning must take the start's architecture over the config's (128 wide).
@@ -364,6 +370,7 @@ def two_folds(ray_session, store_uri, tiny_node_dir, tmp_path_factory) -> dict:
             "versions_before": versions}
 
 
+@pytest.mark.slow
 def test_cross_validation_pools_the_queries_of_every_fold(two_folds, store_uri):
     from trajrag.memory.store import MemoryStore
 
@@ -383,6 +390,7 @@ def test_cross_validation_pools_the_queries_of_every_fold(two_folds, store_uri):
     assert MemoryStore(store_uri, read_only=True).versions() == two_folds["versions_before"]
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
         two_folds, store_uri, tiny_node_dir, tmp_path):
     import shutil
@@ -394,8 +402,8 @@ def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
     # lr 0: the fine-tuned weights must be the start's, input standardisation included, even
     # though this config's model section (128 wide) differs from the start's (32 wide).
     tuned = tmp_path / "tuned"
-    result = train_encoder(store_uri, tuned, load_config(
-        _overrides(tiny_node_dir, epochs=1, fold="1/2", lr=0.0, init_model=start)), workers=1)
+    result = train_encoder(store_uri, tuned, config.load(
+        "encoder", _overrides(tiny_node_dir, epochs=1, fold="1/2", lr=0.0, init_model=start)), workers=1)
     before, after = load_state(start / WEIGHTS), load_state(tuned / WEIGHTS)
     assert before.keys() == after.keys()
     for name in before:
@@ -406,7 +414,7 @@ def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
     assert meta["fine_tuned_from"]["encoder_version"] == start_meta["encoder_version"]
     # Both folds' scenes have been trained on: nothing is left to evaluate recall on; said so.
     assert sorted(meta["train_scenes"]) == sorted(start_meta["train_scenes"] + result.train_scenes)
-    unmeasured = evaluate_encoder(store_uri, tuned, overrides=_overrides(tiny_node_dir), write=False)
+    unmeasured = evaluate_encoder(store_uri, tuned, config.load("encoder", _overrides(tiny_node_dir)), write=False)
     assert not unmeasured["recall_measured"] and "no chunks outside" in unmeasured["recall_not_measured_because"]
 
     other = tmp_path / "other-node-encoder"
@@ -415,7 +423,7 @@ def test_fine_tuning_starts_from_a_trained_folder_and_refuses_a_mismatched_one(
     edited["node_encoder"]["version"] = "another"
     (other / META).write_text(json.dumps(edited))
     with pytest.raises(EncoderError, match="another node encoder"):
-        train_encoder(store_uri, tmp_path / "x", load_config(_overrides(tiny_node_dir, init_model=other)))
+        train_encoder(store_uri, tmp_path / "x", config.load("encoder", _overrides(tiny_node_dir, init_model=other)))
     (other / WEIGHTS).write_bytes(b"not safetensors")
     with pytest.raises(EncoderError, match="sha256"):
-        train_encoder(store_uri, tmp_path / "y", load_config(_overrides(tiny_node_dir, init_model=other)))
+        train_encoder(store_uri, tmp_path / "y", config.load("encoder", _overrides(tiny_node_dir, init_model=other)))

@@ -10,10 +10,12 @@ import pytest
 
 from trajrag import config
 from trajrag.world.episode_gen import check_config, generate_episodes, present_goal_categories, scene_goal_field
-from trajrag.world.geodesic import geodesic_field, goal_region, neighbour_offsets, path_to_goal
+from trajrag.world.geodesic import Motion, geodesic_field, goal_region, neighbour_offsets, path_to_goal
 from trajrag.world.scene import NO_CATEGORY, Scene
 
 CELL = 0.05
+RADIUS = config.load("episodes").geodesic_neighbourhood_radius  # the configured neighbourhood
+MOTION = Motion.from_sim_config(config.load("sim"))  # the simulator's steps and turns
 CATEGORIES = ("chair", "bed", "plant", "toilet", "tv_monitor", "sofa", "table")
 
 
@@ -79,7 +81,7 @@ def test_geodesic_never_crosses_a_thin_wall():
     trav[5:40, 20] = False  # wall from row 5 to the top edge; the way round is via rows 0..4
     source = np.zeros_like(trav)
     source[30, 19] = True
-    field = geodesic_field(trav, source, CELL)
+    field = geodesic_field(trav, source, CELL, RADIUS)
     # Through traversable cells only: up column 19 to row 4, across row 4, down column 21.
     around = (26 + 2 + 26) * CELL
     assert field[30, 21] == pytest.approx(around, rel=1e-9)
@@ -95,7 +97,7 @@ def test_geodesic_does_not_slip_through_a_diagonal_gap():
     trav[:, 2] = False  # only (0,0) and (1,1) remain, touching at a corner
     source = np.zeros_like(trav)
     source[1, 1] = True
-    assert np.isinf(geodesic_field(trav, source, CELL)[0, 0])
+    assert np.isinf(geodesic_field(trav, source, CELL, RADIUS)[0, 0])
 
 
 def test_unreachable_cells_are_inf_and_sources_zero():
@@ -103,7 +105,7 @@ def test_unreachable_cells_are_inf_and_sources_zero():
     trav[:, 10] = False
     source = np.zeros_like(trav)
     source[5, 2] = True
-    field = geodesic_field(trav, source, CELL)
+    field = geodesic_field(trav, source, CELL, RADIUS)
     assert field[5, 2] == 0.0
     assert np.isinf(field[:, 11:]).all() and np.isfinite(field[:, :10]).all()
 
@@ -112,7 +114,7 @@ def test_path_to_goal_descends_the_field_without_crossing_walls():
     scene = two_room_scene()
     goal = scene_goal_field(scene, "bed", config.load("episodes"))
     start = (20, 20)
-    path = path_to_goal(goal.distance, start)
+    path = path_to_goal(goal.distance, start, goal.radius)
     assert path[0] == start and goal.region[path[-1]]
     cells = np.array(path)
     assert scene.traversable[cells[:, 0], cells[:, 1]].all()
@@ -167,15 +169,16 @@ def test_the_goal_region_rule_is_checked_and_keys_the_goal_field_cache(cfg):
 
 
 # -- episodes ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_episode_generation_is_deterministic_and_valid(cfg):
     scenes = [two_room_scene("procedural/val/0000"), two_room_scene("procedural/val/0001")]
-    episodes = generate_episodes(scenes, 6, cfg, seed=3)
-    again = generate_episodes(scenes, 6, cfg, seed=3)
+    episodes = generate_episodes(scenes, 6, cfg, seed=3, motion=MOTION)
+    again = generate_episodes(scenes, 6, cfg, seed=3, motion=MOTION)
     assert [e.to_json() for e in episodes] == [e.to_json() for e in again]
-    other = generate_episodes(scenes, 6, cfg, seed=4)
+    other = generate_episodes(scenes, 6, cfg, seed=4, motion=MOTION)
     assert [e.start_position for e in other] != [e.start_position for e in episodes]
     # a scene's episodes do not depend on the other scenes in the list
-    alone = generate_episodes(scenes[1:], 6, cfg, seed=3)
+    alone = generate_episodes(scenes[1:], 6, cfg, seed=3, motion=MOTION)
     assert [e.to_json() for e in alone] == [e.to_json() for e in episodes[6:]]
 
     assert len(episodes) == 12
@@ -196,13 +199,13 @@ def test_episode_generation_is_deterministic_and_valid(cfg):
 def test_every_present_category_gets_episodes_and_absent_ones_none(cfg):
     scene = two_room_scene()
     assert present_goal_categories(scene, cfg) == ["chair", "bed"]
-    episodes = generate_episodes([scene], 5, cfg, seed=0)
+    episodes = generate_episodes([scene], 5, cfg, seed=0, motion=MOTION)
     counts = {c: sum(e.object_category == c for e in episodes) for c in ("chair", "bed")}
     assert sorted(counts.values()) == [2, 3]
     assert not {e.object_category for e in episodes} - {"chair", "bed"}, "no toilet/sofa/... episodes"
     # table is an object category but not an ObjectNav goal
     with_table = make_scene(scene.traversable, {"table": [(slice(30, 34), slice(30, 34))]}, name="t")
-    assert generate_episodes([with_table], 4, cfg, seed=0) == []
+    assert generate_episodes([with_table], 4, cfg, seed=0, motion=MOTION) == []
 
 
 def test_starts_need_a_walkable_route_not_just_grid_connectivity(cfg):
@@ -217,7 +220,7 @@ def test_starts_need_a_walkable_route_not_just_grid_connectivity(cfg):
     pocket[2:12, 40:60] = True
     field = scene_goal_field(scene, "chair", cfg)
     assert np.isfinite(field.distance[pocket]).all(), "the grid connects the pocket"
-    episodes = generate_episodes([scene], 30, cfg, seed=1)
+    episodes = generate_episodes([scene], 30, cfg, seed=1, motion=MOTION)
     assert len(episodes) == 30
     assert not any(pocket[tuple(scene.to_cell(e.start_pose().xy))] for e in episodes)
 
@@ -225,16 +228,17 @@ def test_starts_need_a_walkable_route_not_just_grid_connectivity(cfg):
 def test_gibson_like_scene_ids(cfg):
     scene = two_room_scene("gibson/Allensville/0")
     scene.meta.update({"dataset": "gibson", "scene": "Allensville", "floor": 0})
-    episode = generate_episodes([scene], 1, cfg, seed=0)[0]
+    episode = generate_episodes([scene], 1, cfg, seed=0, motion=MOTION)[0]
     assert episode.scene_id == "gibson_semantic/Allensville.glb"
     assert episode.floor_id == 0 and episode.scene_key == "gibson/Allensville/0"
 
 
+@pytest.mark.slow
 def test_generated_episodes_on_real_gibson_maps(gibson_train_path, cfg):
     from trajrag.world.gibson import load_gibson_scenes
 
-    scenes = [s for s in load_gibson_scenes(gibson_train_path) if s.name.split("/")[1] in ("Allensville", "Hiteman")]
-    episodes = generate_episodes(scenes, 6, cfg, seed=0)
+    scenes = [s for s in load_gibson_scenes(gibson_train_path, config.load("gibson")) if s.name.split("/")[1] in ("Allensville", "Hiteman")]
+    episodes = generate_episodes(scenes, 6, cfg, seed=0, motion=MOTION)
     for scene in scenes:
         mine = [e for e in episodes if e.scene_key == scene.name]
         assert {e.object_category for e in mine} == set(present_goal_categories(scene, cfg))

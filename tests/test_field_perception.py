@@ -12,7 +12,7 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.registry import make_frontier_agent
 from trajrag.agent.verification import GoalVerifier, Verdict
 from trajrag.bench.robustness import read_curves, recovered_share, robustness_report
 from trajrag.mapping.semantic_map import SemanticMapper
@@ -144,8 +144,9 @@ class _SofaOnEveryChair(OracleSegmenter):
         return masks, np.where(far, 0.9, scores).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_a_false_positive_goal_is_dropped_after_verification_and_not_walked_to_again():
-    scenes = load_scenes("procedural:val:3")
+    scenes = load_scenes("procedural:val:3", config.settings())
     scene = next(s for s in scenes if "chair" in s.present_categories() and "sofa" not in s.present_categories()) \
         if any("sofa" not in s.present_categories() for s in scenes) else None
     if scene is None:  # every home has a sofa: take the sofas out of the first one
@@ -153,13 +154,13 @@ def test_a_false_positive_goal_is_dropped_after_verification_and_not_walked_to_a
         sofa = scene.category_id("sofa")
         scene.category_map = np.where(scene.category_map == sofa, -1, scene.category_map).astype(np.int16)
         scene.instance_category = np.where(scene.instance_category == sofa, -1, scene.instance_category)
-    chair_episode = load_episodes("generated:1", [scene], ["episodes.goal_categories=[chair]"])[0]
+    chair_episode = load_episodes("generated:1", [scene], config.settings(["episodes.goal_categories=[chair]"]))[0]
     episode = dataclasses.replace(chair_episode, object_category="sofa", episode_id="fp-sofa")
     overrides = FAST + ["navigator.verify_views=4", "mapping.evidence_commit=1.0"]
     sim_cfg = config.load("sim", overrides)
     outcomes = {}
     for verify in (0, 4):
-        agent = make_frontier_agent(sim_cfg, overrides + [f"navigator.verify_views={verify}"])
+        agent = make_frontier_agent(config.settings(overrides + [f"navigator.verify_views={verify}"]))
         builder = agent.builder
         original_reset = builder.reset
 
@@ -168,7 +169,7 @@ def test_a_false_positive_goal_is_dropped_after_verification_and_not_walked_to_a
             builder.segmenter = _SofaOnEveryChair(builder.vocabulary, scene.categories, builder.perception_cfg, seed)
 
         builder.reset = reset
-        result = run_episode(GridSimulator(sim_cfg), agent, episode, scene, max_steps=250)
+        result = run_episode(GridSimulator(sim_cfg), agent, episode, scene, config.load("episodes"), max_steps=250)
         outcomes[verify] = (result, agent.stats)
     unverified, verified = outcomes[0], outcomes[4]
     assert unverified[1].stop_reason.startswith("goal") and unverified[0].actions[-1] == 0, \
@@ -198,14 +199,14 @@ def test_robustness_curves_read_eval_folders_and_say_what_verification_recovers(
         read_curves(tmp_path / "level-0")
 
 
+@pytest.mark.slow
 def test_every_eval_record_and_summary_names_its_perception_profile(tmp_path):
     from trajrag.agent.evaluate import evaluate_agent
 
-    overrides = FAST + CALIBRATED
-    scenes = load_scenes("procedural:val:1")
-    episodes = load_episodes("generated:1", scenes, overrides)
-    sim_cfg = config.load("sim", overrides)
-    summary = evaluate_agent("frontier", lambda: make_frontier_agent(sim_cfg, overrides), GridSimulator(sim_cfg),
-                             episodes, scenes, tmp_path, config.load("episodes", overrides), progress=False)
+    settings = config.settings(FAST + CALIBRATED)
+    scenes = load_scenes("procedural:val:1", config.settings())
+    episodes = load_episodes("generated:1", scenes, settings)
+    summary = evaluate_agent("frontier", lambda: make_frontier_agent(settings), GridSimulator(settings.sim),
+                             episodes, scenes, tmp_path, settings.episodes, progress=False)
     assert summary["perception_profile"] == "calibrated" and summary["goals_rejected"] >= 0
     assert '"perception_profile": "calibrated"' in (tmp_path / "frontier" / "episodes.jsonl").read_text()

@@ -57,6 +57,7 @@ def _fit(decisions):
     return fit_value_model(decisions, VOCABULARY, GOALS, config.load("value"))
 
 
+@pytest.mark.slow
 def test_the_value_learns_which_object_leads_to_which_goal_and_beats_nearest_frontier():
     model = _fit(_decisions(300, seed=0))
     held_out = _decisions(200, seed=1)
@@ -117,6 +118,7 @@ def test_kept_decisions_read_back_the_same_and_a_damaged_file_is_named(tmp_path)
         load_decisions(path)
 
 
+@pytest.mark.slow
 def test_a_memory_with_a_damaged_walk_record_names_it_and_keeps_the_others(tmp_path, capsys):
     from trajrag.planners.frontier_value import decisions_to_bytes
 
@@ -137,6 +139,7 @@ def test_decisions_without_a_known_way_to_the_goal_teach_nothing_and_none_is_an_
         _fit([blind])
 
 
+@pytest.mark.slow
 def test_a_value_walk_that_dies_keeps_the_scenes_it_walked_and_the_rerun_walks_only_the_rest(
         tmp_path, capsys, monkeypatch):
     """A rollout fit walks for hours: --save-decisions keeps each scene as it is walked
@@ -190,6 +193,7 @@ def test_a_value_walk_that_dies_keeps_the_scenes_it_walked_and_the_rerun_walks_o
     assert not parts.folder.exists()
 
 
+@pytest.mark.slow
 def test_a_scene_that_fails_on_ray_is_named_after_the_others_are_handed_on(ray_session):
     """One Ray task per scene: a scene whose walk raises must not take the finished ones with it."""
     import dataclasses
@@ -198,20 +202,18 @@ def test_a_scene_that_fails_on_ray_is_named_after_the_others_are_handed_on(ray_s
     from trajrag.distributed.value_decisions import collect_value_decisions_ray
     from trajrag.world.datasets import load_episodes, load_scenes
 
-    overrides = [*FAST_SIM, "episodes.max_steps=100"]
-    scenes = load_scenes("procedural:train:2", overrides)
-    episodes = load_episodes("generated:1", scenes, overrides)
+    settings = config.settings([*FAST_SIM, "episodes.max_steps=100"])
+    scenes = load_scenes("procedural:train:2", settings)
+    episodes = load_episodes("generated:1", scenes, settings)
     broken = [e if e.scene_key == scenes[0].name else dataclasses.replace(e, start_position=[-50.0, 0.0, -50.0])
               for e in episodes]
     handed_on = []
     with pytest.raises(ValueWalkError, match=r"1 of 2 scenes failed \(procedural/train/0001: .*traversable"):
-        collect_value_decisions_ray(scenes, broken, list(config.load("episodes").goal_categories),
-                                    config.load("sim", overrides), config.load("episodes", overrides),
-                                    config.load("audit", overrides), config.load("value", overrides), overrides,
-                                    progress=False, on_scene=lambda name, found, vocabulary: handed_on.append(name))
+        collect_value_decisions_ray(scenes, broken, settings, progress=False, on_scene=lambda name, found, vocabulary: handed_on.append(name))
     assert handed_on == [scenes[0].name]
 
 
+@pytest.mark.slow
 def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path, capsys, nav_memory, ray_session):
     out, kept = tmp_path / "value.json", tmp_path / "decisions.npz"
     walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1",
@@ -270,6 +272,7 @@ def test_value_fit_walks_train_homes_and_its_model_drives_the_planners(tmp_path,
     assert all({"value", "experience"} <= set(d["terms"]) for r in records for d in r["decisions"])  # in the score
 
 
+@pytest.mark.slow
 def test_a_corpus_keeps_its_exploration_walks_decisions_once_and_the_value_fits_on_them(tmp_path, capsys):
     store = str(tmp_path / "memory")
     small = [a for o in (*FAST_SIM, "episodes.max_steps=120") for a in ("--set", o)]
@@ -366,6 +369,7 @@ def test_experience_held_in_memory_finds_what_the_lancedb_query_finds(capsys):
     assert out["experience_ms_p50"] > 0 and out["lancedb_ms_p50"] > 0 and out["speedup_p50"] > 0
 
 
+@pytest.mark.slow
 def test_a_few_decisions_refine_a_prior_model_instead_of_replacing_it(tmp_path):
     """value.prior_model: a few hundred costly (rollout) decisions adjust a value fitted on many
     cheap ones; fitted from nothing on so few, the value would forget what the many taught."""

@@ -15,9 +15,10 @@ import pytest
 from scipy import ndimage
 from skimage.morphology import disk
 
+from trajrag import config
 from trajrag.safe_pickle import CorruptFileError, UnsafePickleError, load_pbz2, restricted_load
 from trajrag.world.frames import habitat_to_map_xy
-from trajrag.world.gibson import GibsonFormatError, build_scene, load_config, load_gibson_scenes
+from trajrag.world.gibson import GibsonFormatError, build_scene, load_gibson_scenes
 
 TRAIN_SCENES = {
     "Allensville", "Beechwood", "Benevolence", "Coffeen", "Cosmos", "Forkland", "Hanson", "Hiteman",
@@ -25,12 +26,13 @@ TRAIN_SCENES = {
     "Newfields", "Onaga", "Pinesdale", "Pomaria", "Ranchester", "Shelbyville", "Stockman", "Tolstoy",
     "Wainscott", "Woodbine",
 }
+GIBSON = config.load("gibson")  # configs/gibson.yaml
 HABITAT_GOALS = {"chair", "sofa", "plant", "bed", "toilet", "tv_monitor"}
 
 
 @pytest.fixture(scope="module")
 def scenes(gibson_train_path):
-    return load_gibson_scenes(gibson_train_path)
+    return load_gibson_scenes(gibson_train_path, GIBSON)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def test_train_file_has_the_25_gibson_training_homes_one_floor_each(scenes):
 
 
 def test_categories_use_habitat_names_and_goals_are_present(scenes):
-    cfg = load_config()
+    cfg = GIBSON
     for s in scenes:
         assert len(s.categories) == 15
         assert {"sofa", "plant", "tv_monitor"} <= set(s.categories)
@@ -108,32 +110,34 @@ def test_origin_puts_habitat_positions_in_the_release_cells(scenes, raw):
             assert s.is_traversable(xy)
 
 
+@pytest.mark.slow
 def test_loading_is_cached_and_cached_scenes_are_read_only(gibson_train_path, scenes):
     start = time.perf_counter()
-    again = load_gibson_scenes(gibson_train_path)
+    again = load_gibson_scenes(gibson_train_path, GIBSON)
     assert time.perf_counter() - start < 0.5
     assert [a is b for a, b in zip(again, scenes)] == [True] * 25
     with pytest.raises(ValueError):
         again[0].traversable[0, 0] = True
-    other = load_gibson_scenes(gibson_train_path, overrides=["gibson.agent_radius=0.5"])
+    other = load_gibson_scenes(gibson_train_path, config.load("gibson", ["gibson.agent_radius=0.5"]))
     assert other[0] is not scenes[0] and other[0].floor.sum() > scenes[0].floor.sum()
 
 
 # -- bad files ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_truncated_file_is_a_corrupt_file_error_naming_it(gibson_train_path, tmp_path):
     data = gibson_train_path.read_bytes()
     cut = tmp_path / "cut_info.pbz2"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptFileError, match="cut_info.pbz2"):
-        load_gibson_scenes(cut)
+        load_gibson_scenes(cut, GIBSON)
     garbage = tmp_path / "garbage_info.pbz2"
     garbage.write_bytes(b"BZh9" + bytes(range(256)) * 4)
     with pytest.raises(CorruptFileError, match="garbage_info.pbz2"):
-        load_gibson_scenes(garbage)
+        load_gibson_scenes(garbage, GIBSON)
     plain = tmp_path / "plain_info.pbz2"  # a pickle that was never compressed
     plain.write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(CorruptFileError, match="plain_info.pbz2"):
-        load_gibson_scenes(plain)
+        load_gibson_scenes(plain, GIBSON)
 
 
 class _RunsCommand:
@@ -152,7 +156,7 @@ def test_pickle_naming_os_system_is_refused_and_nothing_runs(tmp_path):
     payload = {"Evil": {0: {"floor_height": 0.0, "sem_map": _RunsCommand(marker), "origin": [0, 0]}}}
     evil.write_bytes(bz2.compress(pickle.dumps(payload)))
     with pytest.raises(UnsafePickleError) as info:
-        load_gibson_scenes(evil)
+        load_gibson_scenes(evil, GIBSON)
     assert f"{os.system.__module__}.system" in str(info.value) and "evil_info.pbz2" in str(info.value)
     assert not marker.exists()
 
@@ -201,13 +205,13 @@ def test_malformed_entries_name_the_file_and_scene(tmp_path):
         path = tmp_path / f"bad{i}_info.pbz2"
         path.write_bytes(bz2.compress(pickle.dumps({"Fakehome": {0: entry}})))
         with pytest.raises(GibsonFormatError, match=rf"bad{i}_info.pbz2.*Fakehome"):
-            load_gibson_scenes(path)
+            load_gibson_scenes(path, GIBSON)
 
 
 def test_synthetic_floor_builds_the_expected_scene():
     """A cup on a table keeps its cells; object cells on the traversable floor stay floor; walls
     begin an agent radius past the traversable area."""
-    cfg = load_config()
+    cfg = GIBSON
     sem = np.zeros((16, 40, 40))
     sem[0, 10:30:2, 10:30:2] = 1  # speckled floor samples, 2 cells apart
     table, cup = cfg.channels.index("dining-table"), cfg.channels.index("cup")
@@ -231,7 +235,7 @@ def test_the_five_fold_presets_hold_out_every_gibson_scene_once(gibson_train_pat
     from trajrag import config
     from trajrag.world.datasets import load_scenes
 
-    everything = sorted(s.name for s in load_scenes(str(gibson_train_path)))
+    everything = sorted(s.name for s in load_scenes(str(gibson_train_path), config.settings()))
     folds = [set(config.load("gibson", config.preset_overrides([f"gibson_fold{k}"])).held_out_scenes)
              for k in range(5)]
     held_out = [s for s in everything if s.split("/")[1] in set().union(*folds)]

@@ -134,15 +134,15 @@ def test_one_memoised_list_built_into_sets_over_and_over_is_refused_by_the_size_
 def test_encoder_eval_embeds_a_store_too_small_for_recall_and_trajrag_then_evaluates_on_it(tmp_path, capsys):
     """One walk: no held-out chunk shares its group, so recall cannot be measured; the embeddings
     are written all the same and the JSON says why recall is missing."""
-    from trajrag.cli.corpus import build_corpus
-    from trajrag.encoder import load_config
+    from trajrag import config
+    from trajrag.agent.corpus import build_corpus
     from trajrag.encoder.model import build_model, save_model_dir
     from trajrag.encoder.node_encoder import NodeEncoder
 
     fast = ["sim.width=160", "sim.height=120"]
     store, model = str(tmp_path / "memory"), str(tmp_path / "model")
-    assert build_corpus("procedural:train:1", 1, "oracle", store, overrides=fast, progress=False)["chunks"] == 1
-    cfg = load_config(fast)
+    assert build_corpus("procedural:train:1", 1, "oracle", store, config.settings(fast), progress=False)["chunks"] == 1
+    cfg = config.load("encoder", fast)
     node_encoder = NodeEncoder(cfg.node)
     save_model_dir(model, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model, node_encoder.info(),
                    extra={"seed": 0, "train_scenes": []})

@@ -24,24 +24,26 @@ from trajrag.revisit.agent import PerHomeAgent
 from trajrag.revisit.walks import coincides, plan_walks
 from trajrag.world.datasets import load_scenes
 from trajrag.world.episode_gen import generate_episodes
+from trajrag.world.geodesic import Motion
 from trajrag.world.scene import Scene
 
+MOTION = Motion.from_sim_config(config.load("sim"))  # the simulator's steps and turns
 FAST = ["--set", "sim.width=160", "--set", "sim.height=120"]
 
 
 @pytest.fixture(scope="module")
 def homes():
-    return load_scenes("procedural:val:2")
+    return load_scenes("procedural:val:2", config.settings())
 
 
 # -- the earlier walks ------------------------------------------------------------------------------
 def test_revisit_walks_never_coincide_with_the_evaluated_episodes(homes):
     cfg = config.load("episodes")
-    evaluated = generate_episodes(homes, 2, cfg, seed=0)
+    evaluated = generate_episodes(homes, 2, cfg, seed=0, motion=MOTION)
     # an evaluated episode that is exactly the first walk the revisit seed draws must push it out
-    first_walk = generate_episodes(homes[:1], 1, cfg, seed=4747)[0]
+    first_walk = generate_episodes(homes[:1], 1, cfg, seed=4747, motion=MOTION)[0]
     evaluated.append(replace(first_walk, episode_id="planted"))
-    plan = plan_walks(homes, evaluated, 2, 4747, 1, cfg)
+    plan = plan_walks(homes, evaluated, 2, 4747, 1, cfg, MOTION)
     assert sorted(plan) == sorted(h.name for h in homes)
     by_name = {h.name: h for h in homes}
     for home, walks in plan.items():
@@ -53,9 +55,9 @@ def test_revisit_walks_never_coincide_with_the_evaluated_episodes(homes):
 
 def test_revisit_walks_drawn_with_the_evaluated_seed_are_refused(homes):
     cfg = config.load("episodes")
-    evaluated = generate_episodes(homes[:1], 2, cfg, seed=7)
+    evaluated = generate_episodes(homes[:1], 2, cfg, seed=7, motion=MOTION)
     with pytest.raises(RevisitError, match="only 0 of 2 earlier walks could be drawn apart"):
-        plan_walks(homes[:1], evaluated, 2, 7, 0, cfg)
+        plan_walks(homes[:1], evaluated, 2, 7, 0, cfg, MOTION)
 
 
 def test_a_per_home_agent_is_made_for_each_home_in_turn(homes):
@@ -72,7 +74,7 @@ def test_a_per_home_agent_is_made_for_each_home_in_turn(homes):
 
     agent = PerHomeAgent(lambda home: made.append(Stub(home)) or made[-1])
     agent.decision_observer = "audit"
-    episodes = generate_episodes(homes, 2, config.load("episodes"), seed=0)
+    episodes = generate_episodes(homes, 2, config.load("episodes"), seed=0, motion=MOTION)
     for episode in episodes:
         agent.reset(episode, next(h for h in homes if h.name == episode.scene_key))
     assert [m.home for m in made] == [h.name for h in homes]  # one agent per home, in episode order
@@ -114,7 +116,7 @@ def test_an_implicit_agent_walks_to_the_resolved_category(implicit, homes):
         def reset(self, episode, scene):
             seen.append(episode.object_category)
 
-    episode = generate_episodes(homes[:1], 1, config.load("episodes"), seed=0)[0]
+    episode = generate_episodes(homes[:1], 1, config.load("episodes"), seed=0, motion=MOTION)[0]
     agent = ImplicitQueryAgent(Stub(), implicit)
     agent.reset(episode, homes[0])
     extras = agent.episode_extras()["query"]

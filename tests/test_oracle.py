@@ -15,19 +15,21 @@ from trajrag.world.datasets import load_scenes
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import generate_episodes, scene_goal_field
 from trajrag.world.frames import Pose2D
+from trajrag.world.geodesic import Motion
 from trajrag.world.interface import Action
 from trajrag.world.metrics import summarize
 from trajrag.world.sim import GridSimulator
 from test_episodes import make_scene, two_room_scene
 
 TINY = ["sim.width=32", "sim.height=24"]  # the oracle needs no images
+MOTION = Motion.from_sim_config(config.load("sim"))  # the simulator's steps and turns
 
 
 @pytest.fixture(scope="module")
 def setup():
     sim_cfg = config.load("sim", TINY)
     cfg = config.load("episodes")
-    return GridSimulator(sim_cfg), OracleAgent(sim_cfg=sim_cfg, episode_cfg=cfg), cfg
+    return GridSimulator(sim_cfg), OracleAgent(config.load("oracle"), sim_cfg, cfg), cfg
 
 
 def run_all(setup, scenes, episodes):
@@ -56,6 +58,7 @@ def test_oracle_walks_through_the_door_and_stops_in_the_goal_region(setup):
     assert m.spl >= 0.9 and m.spl <= spl_ceiling(m.geodesic_distance) + 1e-9
 
 
+@pytest.mark.slow
 def test_oracle_on_hand_built_scenes(setup):
     """Open room, two rooms with a door, and an L-shaped corridor: SR 1, SPL near the ceiling."""
     open_room = np.zeros((80, 80), dtype=bool)
@@ -68,7 +71,7 @@ def test_oracle_on_hand_built_scenes(setup):
         make_scene(open_room, {"plant": [(slice(60, 64), slice(60, 64))]}, name="test/open"),
         make_scene(corridor, {"toilet": [(slice(88, 95), slice(86, 92))]}, name="test/corridor"),
     ]
-    episodes = generate_episodes(scenes, 6, setup[2], seed=5)
+    episodes = generate_episodes(scenes, 6, setup[2], seed=5, motion=MOTION)
     results = run_all(setup, scenes, episodes)
     summary = summarize([r.metrics for r in results])
     assert summary["sr"] == 1.0
@@ -79,18 +82,20 @@ def test_oracle_on_hand_built_scenes(setup):
     assert summary["spl"] >= ceiling - 0.05
 
 
+@pytest.mark.slow
 def test_oracle_on_procedural_val_homes(setup):
-    scenes = load_scenes("procedural:val:3")
-    episodes = generate_episodes(scenes, 4, setup[2], seed=0)
+    scenes = load_scenes("procedural:val:3", config.settings())
+    episodes = generate_episodes(scenes, 4, setup[2], seed=0, motion=MOTION)
     summary = summarize([r.metrics for r in run_all(setup, scenes, episodes)])
     assert summary["episodes"] == 12
     assert summary["sr"] == 1.0
     assert summary["spl"] >= 0.9
 
 
+@pytest.mark.slow
 def test_oracle_on_gibson_train_homes(setup, gibson_train_path):
-    scenes = [s for s in load_scenes(str(gibson_train_path)) if s.name.split("/")[1] in ("Cosmos", "Leonardo")]
-    episodes = generate_episodes(scenes, 4, setup[2], seed=0)
+    scenes = [s for s in load_scenes(str(gibson_train_path), config.settings()) if s.name.split("/")[1] in ("Cosmos", "Leonardo")]
+    episodes = generate_episodes(scenes, 4, setup[2], seed=0, motion=MOTION)
     summary = summarize([r.metrics for r in run_all(setup, scenes, episodes)])
     assert summary["episodes"] == 8
     assert summary["sr"] == 1.0
@@ -143,6 +148,7 @@ def test_oracle_stops_when_the_goal_is_unreachable(setup):
     assert math.isinf(result.metrics.distance_to_goal)
 
 
+@pytest.mark.slow
 def test_sim_bench_reports_steps_and_oracle_figures(capsys, mp3d_scans_path):
     from trajrag.cli import main
 
@@ -160,13 +166,15 @@ def test_sim_bench_reports_steps_and_oracle_figures(capsys, mp3d_scans_path):
     assert "vall" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_corpus_oracle_walks_can_look_around_first_and_at_the_goal_and_see_more_for_no_extra_path():
     from trajrag.agent.collect import Collector
 
-    scenes = load_scenes("procedural:val:1")
-    episode = generate_episodes(scenes, 1, config.load("episodes"), seed=3)[0]
-    collectors = [Collector(), Collector(["corpus.oracle_look_around_turns=12"]),
-                  Collector(["corpus.oracle_look_around_turns=12", "corpus.oracle_look_around_at_goal_turns=12"])]
+    scenes = load_scenes("procedural:val:1", config.settings())
+    episode = generate_episodes(scenes, 1, config.load("episodes"), seed=3, motion=MOTION)[0]
+    collectors = [Collector(config.settings()), Collector(config.settings(["corpus.oracle_look_around_turns=12"])),
+                  Collector(config.settings(["corpus.oracle_look_around_turns=12",
+                                             "corpus.oracle_look_around_at_goal_turns=12"]))]
     plain, first, both = (c.collect_one(episode, scenes[0], "oracle") for c in collectors)
     explored = [int(c.agents["oracle"].builder.map.explored.sum()) for c in collectors]
     turn_left, stop = int(Action.TURN_LEFT), int(Action.STOP)
@@ -180,4 +188,4 @@ def test_corpus_oracle_walks_can_look_around_first_and_at_the_goal_and_see_more_
     assert explored[0] < explored[1] < explored[2]  # each look around saw more of the home
     for key in ("oracle_look_around_turns", "oracle_look_around_at_goal_turns"):
         with pytest.raises(config.ConfigError, match=key):
-            Collector([f"corpus.{key}=-1"])
+            Collector(config.settings([f"corpus.{key}=-1"]))

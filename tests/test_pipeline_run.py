@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import FAST_SIM
 from trajrag.cli import main
 from trajrag.cli.run import RUN_LOCK
 from trajrag.file_locks import claim
 
 
+@pytest.mark.slow
 def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_path, capsys):
     out = tmp_path / "run"
     sizes = ["run.corpus_scenes=procedural:train:4", "run.corpus_episodes_per_scene=3", "run.encoder_epochs=1",
@@ -39,6 +42,7 @@ def test_run_builds_memory_trains_encoder_evaluates_and_draws(ray_session, tmp_p
     assert (out / "decision.png").stat().st_mtime_ns == decision_written  # not replayed again
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_folder_being_written_is_refused_before_it_starts(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()

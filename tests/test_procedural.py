@@ -164,6 +164,7 @@ def test_home_footprints_are_house_sized(homes, cfg):
         assert len(scene.meta["rooms"]) >= 6, scene.name
 
 
+@pytest.mark.slow
 def test_render_scene_png_writes_a_picture(homes, tmp_path):
     from trajrag.world.viz import render_scene_png
 

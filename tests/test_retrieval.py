@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_SIM
+from trajrag import config
 from trajrag.config import load
 from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.planners.graphrag import SceneGraph
@@ -26,7 +27,7 @@ from trajrag.topo.representation import represent
 def _retriever(store, model_dir, *overrides):
     from trajrag.retrieval.retriever import load_retriever
 
-    return load_retriever([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}", *overrides])
+    return load_retriever(config.settings([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}", *overrides]))
 
 
 def _stored(store, k=0):
@@ -51,6 +52,7 @@ def _stored_success(store):
 
 
 # -- retriever ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_stored_trajectory_retrieves_itself_first_from_its_own_group(nav_memory):
     store, model_dir = nav_memory
     retriever = _retriever(store, model_dir)
@@ -72,6 +74,7 @@ def _prefix(traj, nodes):
                    node_visit_steps=traj.node_visit_steps[:nodes], node_ids=traj.node_ids[:nodes])
 
 
+@pytest.mark.slow
 def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_report_the_split(nav_memory):
     store, model_dir = nav_memory
     reference = _retriever(store, model_dir, "retrieval.query_cache=0")
@@ -96,8 +99,9 @@ def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_re
     assert again.encode_ms < got.encode_ms
 
 
+@pytest.mark.slow
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
 
     store, model_dir = nav_memory
     traj = _stored_success(store)
@@ -110,8 +114,9 @@ def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_fram
     assert _retriever(store, model_dir).retrieve([moved], traj.goal).goal_points is None  # off by default
 
 
+@pytest.mark.slow
 def test_the_whole_map_recognises_a_place_that_the_walked_part_is_too_short_for(nav_memory):
-    from trajrag.bench.store import perturb
+    from trajrag.memory.synthetic import perturb
     from trajrag.topo.candidates import MapPlace
 
     store, model_dir = nav_memory
@@ -179,7 +184,7 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
         async def _retrieve(self, request):
             return retrieval_to_dict(DecisionRetrieval([[], []], {}, goal_points=np.array(self.points.pop(0)).reshape(-1, 2)))
 
-    app = PlannerDeployment(_Handle(), [])
+    app = PlannerDeployment(_Handle(), config.settings())
     request = _wire_request(frontier_distances=(2.0, 2.5))  # frontier 0 nearer, the goal beyond 1
     first = asyncio.run(app.decide(request))
     assert first["choice"] == 1 and first["goal_points"] == [[5.0, 0.0]]
@@ -189,6 +194,7 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
     assert asyncio.run(app.decide(request))["choice"] == 0  # nothing sent back: nothing kept
 
 
+@pytest.mark.slow
 def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_do(nav_memory):
     import asyncio
 
@@ -197,24 +203,25 @@ def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_
     from trajrag.topo.candidates import CandidatePath
 
     store, model_dir = nav_memory
-    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"]
+    settings = config.settings([f"retrieval.store={store}", f"retrieval.model_dir={model_dir}"])
     _, walk = _stored(store)
     candidates = [CandidatePath(i, np.arange(2), 1.0, _prefix(walk, n)) for i, n in enumerate((3, len(walk)))]
     ctx = PlannerContext(walk.goal, 9, None, None, walk, candidates,
                          [SimpleNamespace(centroid_xy=np.array([float(i), 0.0])) for i in range(2)],
                          np.array([2.0, 2.0]))
     request = json.loads(json.dumps(decision_request(ctx)))
-    retriever = RetrieverDeployment(overrides)
+    retriever = RetrieverDeployment(settings)
 
     async def remote(payload):  # the Retriever deployment's handle, without Ray
         return retriever.retrieve(payload)
 
-    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), overrides).decide(request))
-    alone = asyncio.run(PlannerDeployment(None, overrides).decide(request))  # serve.retriever_in_planner
+    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), settings).decide(request))
+    alone = asyncio.run(PlannerDeployment(None, settings).decide(request))  # serve.retriever_in_planner
     assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
     assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
 
 
+@pytest.mark.slow
 def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(nav_memory):
     store, model_dir = nav_memory
     tid, traj = _stored(store, 1)
@@ -234,6 +241,7 @@ def test_without_coarse_stage_any_group_is_searched_and_text_fine_stage_works(na
     assert coarse.experiences[0][0].trajectory_id == tid and {e.goal for e in coarse.experiences[0]} == {traj.goal}
 
 
+@pytest.mark.slow
 def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):
     store, model_dir = nav_memory
     _, traj = _stored(store)
@@ -243,6 +251,7 @@ def test_unknown_categories_and_goals_do_not_break_retrieval(nav_memory):
     assert all(e.goal != "spaceship" for e in result.experiences[0])  # nothing to find, no crash
 
 
+@pytest.mark.slow
 def test_empty_store_and_other_encoder_version_give_clear_errors(nav_memory, tmp_path):
     from trajrag.memory.store import MemoryStore
     from trajrag.retrieval.retriever import RetrievalError
@@ -427,6 +436,7 @@ def _eval(*args) -> SimpleNamespace:
     return SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
 
 
+@pytest.mark.slow
 def test_eval_writes_records_summary_and_table_and_resumes(nav_memory, tmp_path):
     store, model_dir = nav_memory
     out = tmp_path / "eval"
@@ -469,6 +479,7 @@ def test_decision_audit_refuses_the_ray_job_with_a_clear_error(tmp_path, capsys)
     assert "--audit-decisions" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_path):
     from trajrag.memory.store import MemoryStore, claim_store
 
@@ -496,6 +507,7 @@ def test_lifelong_eval_inserts_episodes_and_records_the_curve(nav_memory, tmp_pa
     assert busy.returncode == 2 and "corpus build in another shell" in busy.stderr, busy.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memory, tmp_path):
     source, model_dir = nav_memory
     store = str(tmp_path / "memory")
@@ -515,6 +527,7 @@ def test_a_run_does_not_resume_on_a_memory_that_changed_under_its_path(nav_memor
     assert (out / "trajrag" / "episodes.jsonl").read_text() == records
 
 
+@pytest.mark.slow
 def test_eval_errors_are_one_line(nav_memory, tmp_path):
     run = _eval("--planner", "trajrag", "--out", str(tmp_path / "x"))
     assert run.returncode == 2 and "--store" in run.stderr and "Traceback" not in run.stderr
@@ -529,6 +542,7 @@ def test_eval_errors_are_one_line(nav_memory, tmp_path):
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow
 def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
     """Records carry no settings: a resume with other --set values must not mix them in silently."""
     out = tmp_path / "eval"
@@ -580,19 +594,19 @@ def test_a_run_resumes_only_with_the_settings_it_was_made_with(tmp_path):
 
 
 def test_run_settings_keep_the_last_value_of_a_key_and_leave_out_the_job():
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     # (nearest frontier reads neither path, so nothing is opened to record its content)
-    settings = run_settings("frontier", ["retrieval.store=s3://bucket/M", "scoring.w_value=1", "eval_job.evaluators=4",
-                                        "run.workers=0", "scoring.w_value = 2"])
+    settings = run_settings("frontier", config.settings(["retrieval.store=s3://bucket/M", "scoring.w_value=1",
+                                                         "eval_job.evaluators=4", "run.workers=0", "scoring.w_value = 2"]))
     assert settings["planner"] == "frontier" and settings["inputs"] == {}
     assert settings["overrides"] == {"retrieval.store": "s3://bucket/M", "scoring.w_value": "2"}
 
 
 def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, monkeypatch):
-    from trajrag.agent.evaluate import run_settings
+    from trajrag.agent.run_claims import run_settings
 
     (tmp_path / "M").mkdir()
     monkeypatch.chdir(tmp_path)
-    absolute = run_settings("frontier", [f"retrieval.store={tmp_path / 'M'}"])
-    assert run_settings("frontier", ["retrieval.store=M"]) == absolute
+    absolute = run_settings("frontier", config.settings([f"retrieval.store={tmp_path / 'M'}"]))
+    assert run_settings("frontier", config.settings(["retrieval.store=M"])) == absolute

@@ -9,7 +9,7 @@ import pytest
 
 from trajrag import config
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.registry import make_frontier_agent
 from trajrag.agent.rollouts import ForcedChoice, RolloutStats, metres_after, rollout_decisions
 from trajrag.agent.value_data import ValueDecisionRecorder
 from trajrag.cli import main
@@ -22,15 +22,16 @@ FAST = ["sim.width=160", "sim.height=120", "episodes.max_steps=300"]
 
 @pytest.fixture(scope="module")
 def walk_setup():
-    scenes = load_scenes("procedural:train:1", FAST)
-    episode = load_episodes("generated:1", scenes, FAST)[0]
-    sim_cfg, episode_cfg = config.load("sim", FAST), config.load("episodes", FAST)
-    agent = make_frontier_agent(sim_cfg, FAST)
-    recorder = ValueDecisionRecorder(list(episode_cfg.goal_categories), episode_cfg, config.load("audit", FAST),
-                                     config.load("value", FAST))
+    settings = config.settings(FAST)
+    scenes = load_scenes("procedural:train:1", settings)
+    episode = load_episodes("generated:1", scenes, settings)[0]
+    sim_cfg, episode_cfg = settings.sim, settings.episodes
+    agent = make_frontier_agent(settings)
+    recorder = ValueDecisionRecorder(list(episode_cfg.goal_categories), episode_cfg, settings.audit, settings.value)
     return agent, GridSimulator(sim_cfg), scenes[0], episode, episode_cfg, recorder
 
 
+@pytest.mark.slow
 def test_forcing_the_walkers_own_choice_repeats_the_walk_and_another_changes_it(walk_setup):
     agent, sim, scene, episode, episode_cfg, _ = walk_setup
     choices = []
@@ -54,6 +55,7 @@ def test_forcing_the_walkers_own_choice_repeats_the_walk_and_another_changes_it(
         assert metres_after(walk, 0) == pytest.approx(walk.metrics.path_length)
 
 
+@pytest.mark.slow
 def test_rollout_costs_are_the_metres_walked_after_each_choice(walk_setup):
     agent, sim, scene, episode, episode_cfg, recorder = walk_setup
     stats = RolloutStats()
@@ -68,6 +70,7 @@ def test_rollout_costs_are_the_metres_walked_after_each_choice(walk_setup):
     assert agent.planner.__class__.__name__ != "ForcedChoice" and agent.decision_observer is None
 
 
+@pytest.mark.slow
 def test_value_fit_on_rollout_costs(tmp_path, capsys):
     walk = ["--scenes", "procedural:train:2", "--episodes", "generated:1", "--set", "value.target=rollout",
             "--set", "value.rollout_decisions_per_episode=1",

@@ -121,6 +121,7 @@ def test_lance_search_rejects_rows_the_table_does_not_have(small_store):
         LanceChunkSearch(store, ["no/such/chunk"], ann)
 
 
+@pytest.mark.slow
 def test_bench_scale_cli_small_store():
     """The whole bench on 3000 chunks copied from a tiny real corpus (untrained encoder)."""
     from trajrag.cli import main

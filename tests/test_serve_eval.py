@@ -21,7 +21,7 @@ import pytest
 
 from conftest import FAST_SIM
 from trajrag import config
-from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray, load_job_config
+from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray, job_config
 from trajrag.distributed.serve_planner import (PLANNER, RETRIEVER, app_name, deploy_planner_app, http_url,
                                               replica_actor_names)
 from trajrag.world.datasets import load_episodes, load_scenes
@@ -78,15 +78,15 @@ def value_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def job(nav_memory, value_model, serve_clean):
-    """(overrides, scenes, episodes, planned keys) of the evaluation under test."""
+    """(settings, scenes, episodes, planned keys) of the evaluation under test."""
     store, model = nav_memory
-    overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", f"scoring.value_model={value_model}",
-                 *JOB]
-    scenes = load_scenes(SCENES, overrides)
-    episodes = load_episodes(EPISODES, scenes, overrides)
+    settings = config.settings([f"retrieval.store={store}", f"retrieval.model_dir={model}",
+                                f"scoring.value_model={value_model}", *JOB])
+    scenes = load_scenes(SCENES, settings)
+    episodes = load_episodes(EPISODES, scenes, settings)
     planned = {(e.scene_key, str(e.episode_id)) for e in episodes}
     assert len(planned) == len(episodes) == 4
-    return overrides, scenes, episodes, planned
+    return settings, scenes, episodes, planned
 
 
 def read_records(path) -> list[dict]:
@@ -99,6 +99,7 @@ def assert_each_once(records: list[dict], planned: set) -> None:
     assert set(keys) == planned and len(keys) == len(planned)
 
 
+@pytest.mark.slow
 def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, value_model, tmp_path, capsys):
     """With a value model: the Serve app gets no map, the evaluator sends the value features."""
     from trajrag.agent.evaluate import evaluate_agent
@@ -106,7 +107,7 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     from trajrag.cli import main
     from trajrag.world.sim import GridSimulator
 
-    overrides, scenes, episodes, planned = job
+    settings, scenes, episodes, planned = job
     store, model = nav_memory
     argv = ["eval", "--scenes", SCENES, "--episodes", EPISODES, "--planner", "trajrag", "--store", store,
             "--model", model, "--out", str(tmp_path / "ray"), "--workers", "2", "--json"]
@@ -125,20 +126,20 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     assert_each_once(records, planned)
 
     # The same episodes in one process, with the in-process planner: the same walks.
-    sim_cfg = config.load("sim", overrides)
-    local = evaluate_agent("trajrag", lambda: make_agent("trajrag", sim_cfg, overrides), GridSimulator(sim_cfg),
-                           episodes, scenes, tmp_path / "local", config.load("episodes", overrides), progress=False)
+    local = evaluate_agent("trajrag", lambda: make_agent("trajrag", settings), GridSimulator(settings.sim),
+                           episodes, scenes, tmp_path / "local", settings.episodes, progress=False)
     by_key = {(r["scene_key"], r["episode_id"]): r for r in read_records(tmp_path / "local" / "trajrag" / "episodes.jsonl")}
     for r in records:
         assert r["actions"] == by_key[(r["scene_key"], r["episode_id"])]["actions"]
     assert (summary["sr"], summary["spl"]) == (local["sr"], local["spl"])
 
     # Rerun: nothing left to do, nothing written twice, the same summary.
-    again = evaluate_ray("trajrag", "trajrag", scenes, episodes, tmp_path / "ray", overrides, workers=2, progress=False)
+    again = evaluate_ray("trajrag", "trajrag", scenes, episodes, tmp_path / "ray", settings, workers=2, progress=False)
     assert again["evaluated"] == 0 and again["skipped_already_done"] == 4 and again["spl"] == summary["spl"]
     assert_each_once(read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl"), planned)
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_summarised_without_starting_ray(tmp_path, capsys, monkeypatch):
     """A resumed cross-validation calls `trajrag eval --workers N` on many finished runs: each must
     only be summarised, not wait for a Ray to start."""
@@ -160,16 +161,17 @@ def test_a_finished_run_is_summarised_without_starting_ray(tmp_path, capsys, mon
     assert (again["sr"], again["spl"]) == (first["sr"], first["spl"])
 
 
+@pytest.mark.slow
 def test_http_ingress_on_loopback_answers_like_the_handle(job):
     from ray import serve
 
     from trajrag.bench.pipeline import record_decisions
 
-    overrides, scenes, episodes, _ = job
-    cfg = load_job_config(overrides).serve
+    settings, scenes, episodes, _ = job
+    cfg = job_config(settings.eval_job).serve
     assert cfg.host == "127.0.0.1"
-    name, _ = deploy_planner_app(overrides, cfg)  # already running after the test above
-    request = record_decisions(scenes, episodes, overrides, at_least=1)[0]
+    name, _ = deploy_planner_app(settings, cfg)  # already running after the test above
+    request = record_decisions(scenes, episodes, settings, at_least=1)[0]
     by_handle = serve.get_app_handle(name).decide.remote(request).result(timeout_s=60)
     http = urllib.request.Request(http_url(name, cfg), data=json.dumps(request).encode(), method="POST",
                                   headers={"Content-Type": "application/json"})
@@ -187,11 +189,12 @@ def test_http_ingress_on_loopback_answers_like_the_handle(job):
     assert err.value.code == 400 and "value_features" in err.value.read().decode()
 
 
+@pytest.mark.slow
 def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(job, tmp_path):
     import ray
 
-    overrides, scenes, episodes, planned = job
-    name = app_name(overrides, load_job_config(overrides).serve)
+    settings, scenes, episodes, planned = job
+    name = app_name(settings, job_config(settings.eval_job).serve)
     killed: list[str] = []
 
     def kill_replicas(record: dict) -> None:
@@ -202,10 +205,10 @@ def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(jo
                 ray.kill(ray.get_actor(actor, namespace="serve"), no_restart=True)
                 killed.append(actor)
 
-    summary = evaluate_ray("killed-replicas", "trajrag", scenes, episodes, tmp_path, overrides, workers=2,
+    summary = evaluate_ray("killed-replicas", "trajrag", scenes, episodes, tmp_path, settings, workers=2,
                            progress=False, on_record=kill_replicas)
     # the app as configured: one Planner replica retrieving itself, or a Planner and a Retriever
-    expected = 1 if load_job_config(overrides).serve.retriever_in_planner else 2
+    expected = 1 if job_config(settings.eval_job).serve.retriever_in_planner else 2
     assert len(killed) == expected, f"expected {expected} replica(s), killed {killed}"
     assert summary["evaluated"] == 4 and summary["failed"] == 0
     records = read_records(tmp_path / "killed-replicas" / "episodes.jsonl")
@@ -215,10 +218,11 @@ def test_killed_serve_replicas_are_replaced_and_every_episode_is_written_once(jo
     assert not set(killed) & set(replica_actor_names(name, RETRIEVER) + replica_actor_names(name, PLANNER))
 
 
+@pytest.mark.slow
 def test_killed_evaluator_requeues_its_episodes_and_every_episode_is_written_once(job, tmp_path):
-    overrides, scenes, episodes, planned = job
+    settings, scenes, episodes, planned = job
     marker = tmp_path / "evaluator-died"
-    summary = evaluate_ray("killed-evaluator", "trajrag", scenes, episodes, tmp_path, overrides, workers=2,
+    summary = evaluate_ray("killed-evaluator", "trajrag", scenes, episodes, tmp_path, settings, workers=2,
                            progress=False, faults=EvalFaultPlan(str(marker), evaluator_exit_after_episodes=1))
     assert marker.exists(), "the fault did not fire"
     assert summary["faults"]["evaluator_interruptions"] >= 1 and summary["faults"]["episodes_requeued"] >= 1
@@ -226,13 +230,14 @@ def test_killed_evaluator_requeues_its_episodes_and_every_episode_is_written_onc
     assert_each_once(read_records(tmp_path / "killed-evaluator" / "episodes.jsonl"), planned)
 
 
+@pytest.mark.slow
 def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
-    overrides, scenes, episodes, planned = job
-    first = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, overrides, workers=1,
+    settings, scenes, episodes, planned = job
+    first = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, settings, workers=1,
                          shard=(0, 2), progress=False)
     assert first["episodes_planned"] == 2 and not first["complete"]
     assert not (tmp_path / "sharded" / "summary.json").exists()
-    second = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, overrides, workers=1,
+    second = evaluate_ray("sharded", "frontier", scenes, episodes, tmp_path, settings, workers=1,
                           shard=(1, 2), progress=False)
     assert second["episodes_planned"] == 2 and second["complete"]
     records = [r for path in sorted((tmp_path / "sharded").glob("episodes.shard-*.jsonl")) for r in read_records(path)]
@@ -240,18 +245,20 @@ def test_shards_split_the_episodes_and_together_complete_the_run(job, tmp_path):
     assert json.loads((tmp_path / "sharded" / "summary.json").read_text())["episodes"] == 4
 
 
+@pytest.mark.slow
 def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_path, capsys):
     """A job killed while the driver wrote a record: the resumed job cuts the fragment off (the next
     record would run into it) and walks that episode again; the records before stay as they were."""
-    scenes = load_scenes("procedural:val:1", JOB)
-    episodes = load_episodes(EPISODES, scenes, JOB)
-    first = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, JOB, workers=1, progress=False)
+    settings = config.settings(JOB)
+    scenes = load_scenes("procedural:val:1", settings)
+    episodes = load_episodes(EPISODES, scenes, settings)
+    first = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, settings, workers=1, progress=False)
     assert first["evaluated"] == 2
     path = tmp_path / "torn" / "episodes.jsonl"
     whole, last = path.read_bytes().splitlines(keepends=True)
     torn = last[: len(last) // 2]
     path.write_bytes(whole + torn)
-    again = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, JOB, workers=1, progress=False)
+    again = evaluate_ray("torn", "frontier", scenes, episodes, tmp_path, settings, workers=1, progress=False)
     assert again["evaluated"] == 1 and again["skipped_already_done"] == 1
     assert f"{path}: cut a torn last line ({len(torn)} bytes" in capsys.readouterr().err
     assert path.read_bytes().startswith(whole)
@@ -262,9 +269,9 @@ def test_a_torn_last_record_is_cut_and_its_episode_runs_again(ray_session, tmp_p
 def test_the_serve_replay_splits_each_apps_latency_and_compares_it_with_the_uncached_retriever(job):
     from trajrag.bench.pipeline import SERVE_VARIANTS, record_decisions, serve_comparison
 
-    overrides, scenes, episodes, _ = job
-    requests = record_decisions(scenes, episodes, overrides, at_least=4)
-    result = serve_comparison(requests[:3], requests[3:4], overrides)
+    settings, scenes, episodes, _ = job
+    requests = record_decisions(scenes, episodes, settings, at_least=4)
+    result = serve_comparison(requests[:3], requests[3:4], settings)
     assert result["serve_requests"] == 3 and result["serve_speedup_p50"] > 0
     for prefix, _ in SERVE_VARIANTS:  # caches off, the app as one deployment, as configured
         assert result[f"{prefix}_ms_p50"] > result[f"{prefix}_retrieval_ms_p50"] > 0

@@ -279,4 +279,4 @@ def test_resolution_is_configurable():
 
 
 def test_bench_measures_steps_per_second():
-    assert measure_steps_per_s(64, 48, 5, scene=hand_built_flat()) > 0
+    assert measure_steps_per_s(64, 48, 5, hand_built_flat(), config_mod.load("sim")) > 0

@@ -14,16 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trajrag.bench.store import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory import grouping
-from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.matching import EVIDENCE
-from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.regroup import regroup
-from trajrag.memory.store import (
-    CHUNKS, COMMITS, DECISION_SCHEMA, DECISIONS, MARK_COLUMNS, SUMMARIES, MemoryStore, StoreError,
-    chunk_schema)
+from trajrag.memory.schema import (
+    CHUNKS, COMMITS, DECISION_SCHEMA, DECISIONS, MARK_COLUMNS, SUMMARIES, chunk_schema)
+from trajrag.memory.stats import completeness_ceiling, corpus_stats
+from trajrag.memory.store import MemoryStore, StoreError
+from trajrag.memory.synthetic import perturb, synthetic_scene, synthetic_trajectory
 from trajrag.memory.value_log import ValueLog
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
@@ -56,6 +57,7 @@ def _angle_error_deg(a: float, b: float) -> float:
     return abs(math.degrees((a - b + math.pi) % (2 * math.pi) - math.pi))
 
 
+@pytest.mark.slow
 def test_same_id_twice_is_a_no_op_and_same_nodes_new_id_is_redundant(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     traj = _trajs(homes, 1, 0, "ep", length=(12, 20))[0]
@@ -129,6 +131,7 @@ def test_completeness_ceiling_groups_chunks_by_their_true_overlap():
 
 @pytest.mark.parametrize("dies, made_before_marks", [("chunks", False), ("decisions", False),
                                                       ("decisions", True)])
+@pytest.mark.slow
 def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg, homes, dies,
                                                                    made_before_marks):
     if made_before_marks:  # a store whose batches were journalled in `commits` (a writer upgrades it)
@@ -172,6 +175,7 @@ def test_insert_is_idempotent_across_reopen_and_a_crash_mid_commit(tmp_path, cfg
     assert recovered.n_chunks > after_once[0]
 
 
+@pytest.mark.slow
 def test_readers_keep_reading_whole_batches_while_the_writer_appends(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     memory.insert(_trajs(homes, 1, 6, "seed")[0])  # the store exists before the reader opens it
@@ -301,6 +305,7 @@ def test_a_corrupted_table_gives_a_clear_error_and_the_previous_version_stays_re
     assert store.read(CHUNKS, ["trajectory_id"]).num_rows == n1
 
 
+@pytest.mark.slow
 def test_opening_a_mistyped_path_names_it_and_creates_nothing(tmp_path, capsys):
     from trajrag.cli import main
 
@@ -491,6 +496,7 @@ def test_the_verifier_decides_inserts_when_it_is_on(tmp_path, cfg, homes):
     assert second.action == "redundant" and second.group_id == first.group_id  # the same place
 
 
+@pytest.mark.slow
 def test_a_fitted_verifier_accepts_more_true_matches_than_the_thresholds(tmp_path, cfg, homes):
     from trajrag.memory.verifier import collect, fit
 
@@ -533,6 +539,7 @@ def test_embeddings_fill_the_empty_column_later(tmp_path, cfg, homes):
     assert memory.store.get_chunk(ids[1])["embedding"] is not None
 
 
+@pytest.mark.slow
 def test_compaction_prunes_history_to_the_versions_kept(tmp_path, cfg, homes):
     memory = _memory(tmp_path, cfg)
     walks = ValueLog(memory.store.uri)  # a table kept beside the memory's own, compacted with them
@@ -558,6 +565,7 @@ def test_compaction_prunes_history_to_the_versions_kept(tmp_path, cfg, homes):
     assert reopened.n_chunks == memory.n_chunks
 
 
+@pytest.mark.slow
 def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, capsys):
     from trajrag.cli import main
 

@@ -9,10 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import synthetic_scene, synthetic_trajectory
 from trajrag.config import load
-from trajrag.memory.grouping import TrajectoryMemory, trajectory_key
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore
+from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
 
 from conftest import S3_BUCKET as BUCKET
 
@@ -28,6 +29,7 @@ def _counts(store: MemoryStore) -> tuple[int, int, int]:
     return store.count(CHUNKS), store.count(SUMMARIES), store.count(DECISIONS)
 
 
+@pytest.mark.slow
 def test_the_memory_store_works_on_an_s3_uri(s3_env):
     uri = f"s3://{BUCKET}/mem"
     cfg = replace(load("memory"), batch_size=8)

@@ -30,11 +30,12 @@ def wandb_temp(folder: str) -> set[Path]:
     return set(Path(folder).glob("tmp*wandb-media"))
 
 
+@pytest.mark.slow
 def test_two_trial_sweep_writes_best_config_results_and_offline_wandb_runs(ray_session, nav_memory, tmp_path):
     store, model = nav_memory
     out = tmp_path / "sweep"
     temp_before = wandb_temp(tempfile.gettempdir())
-    summary = sweep(store, model, out, TINY_SWEEP, progress=False)
+    summary = sweep(store, model, out, config.settings(TINY_SWEEP), progress=False)
     cfg = config.load("sweep")
     assert summary["trials"] == 2 and summary["trial_errors"] == 0 and summary["chunks"] == 2
     assert summary["objective"] == "spl" and summary["search"] == "optuna"
@@ -72,7 +73,7 @@ def test_default_tuning_scenes_are_train_homes_the_corpus_never_saw():
     corpus = config.load("run").corpus_scenes  # the corpus of `trajrag run` / make run
     corpus_split, corpus_start, corpus_stop = parse_procedural_range(corpus)
     assert split == corpus_split == "train" and corpus_start == 0 and start >= corpus_stop and stop > start
-    names = {s.name for s in load_scenes("procedural:train:40-42")}
+    names = {s.name for s in load_scenes("procedural:train:40-42", config.settings())}
     assert names == {"procedural/train/0040", "procedural/train/0041"}
 
 
@@ -109,6 +110,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_a_killed_worker_leaves_no_wandb_service_folder_in_tmp(tmp_path):
     import subprocess
     import sys

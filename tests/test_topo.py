@@ -23,7 +23,6 @@ from trajrag.topo.trajectory import (
     TopoPolarTrajectory,
     assign_nodes,
     build_topo_polar,
-    load_config,
     merge_consecutive,
     prune_loops,
     topo_graph,
@@ -77,7 +76,7 @@ def polyline(points, step: float = 0.1) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config()
+    return config_mod.load("topo")
 
 
 def cell_xy(cell) -> np.ndarray:

@@ -13,7 +13,7 @@ from trajrag import config
 from trajrag.agent.goal_visibility import MappabilityCheck, instance_mappability, unmappable_goals
 from trajrag.world.frames import Pose2D
 from trajrag.world.geodesic import closed_corners, goal_region
-from trajrag.world.gibson import build_scene, load_config, load_gibson_scenes
+from trajrag.world.gibson import build_scene, load_gibson_scenes
 from trajrag.world.scene import Scene
 from trajrag.world.sim import GridSimulator
 
@@ -40,7 +40,7 @@ def _room_with_tv_behind_a_stand(cfg, stand_rows: int):
 
 
 def test_a_tv_behind_its_stand_faces_the_room_over_a_low_obstacle(check):
-    cfg = load_config()
+    cfg = config.load("gibson")
     stand_rows = 9  # 0.45 m of unlabelled cells, as the walled-in tv of issue 49
     scene = _room_with_tv_behind_a_stand(cfg, stand_rows)
     tv_rows = np.flatnonzero((scene.category_map == scene.category_id("tv_monitor")).any(axis=1))
@@ -63,7 +63,7 @@ def test_a_tv_behind_its_stand_faces_the_room_over_a_low_obstacle(check):
 
 
 def test_an_object_further_than_a_stand_from_the_floor_stays_walled_in(check):
-    cfg = load_config()
+    cfg = config.load("gibson")
     scene = _room_with_tv_behind_a_stand(cfg, stand_rows=int(cfg.strip_max_gap / cfg.cell_size) + 6)
     assert not scene.low_obstacle.any()
     rows = unmappable_goals(scene, ["tv_monitor"], check)
@@ -73,7 +73,7 @@ def test_an_object_further_than_a_stand_from_the_floor_stays_walled_in(check):
 
 @pytest.fixture(scope="module")
 def gibson(gibson_train_path):
-    return {s.meta["scene"]: s for s in load_gibson_scenes(gibson_train_path)}
+    return {s.meta["scene"]: s for s in load_gibson_scenes(gibson_train_path, config.load("gibson"))}
 
 
 @pytest.mark.parametrize("home, category", [("Cosmos", "tv_monitor"), ("Leonardo", "toilet")])

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trajrag.bench.store import synthetic_scene, synthetic_trajectory
 from trajrag.config import load
 from trajrag.memory.grouping import TrajectoryMemory
 from trajrag.memory.matching import match
 from trajrag.memory.shards import ShardedMemory, shard_of
 from trajrag.memory.stats import corpus_stats
 from trajrag.memory.store import CHUNKS, DECISIONS, MemoryStore, StoreError
+from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
 
 
 class _PerCandidateMemory(TrajectoryMemory):

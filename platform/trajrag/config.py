@@ -14,6 +14,12 @@ A section is registered in ``SECTIONS`` by name -> "module:DataclassName"; the Y
 
 ``load`` ignores the overrides of other sections, so the command line checks every override once
 (``check_overrides``): a typo would otherwise be dropped without a word, and recorded as if applied.
+
+An entry point (a command of ``trajrag.cli``, a ``jobs/`` script) makes one ``Settings`` of its
+checked overrides (``settings``) and hands it down: stages read their typed sections from it
+(``settings.sim``, ``settings.episodes``, ...) and never load a section themselves, so every
+value a run uses honours its ``--set``. Ray actors, Serve replicas and Tune trials receive it
+pickled from their driver.
 """
 
 from __future__ import annotations
@@ -24,10 +30,46 @@ import json
 import os
 from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+if TYPE_CHECKING:  # the section schemas live with their stages (some beside ray or torch)
+    from trajrag.agent.collect import CorpusConfig
+    from trajrag.agent.decisions import AuditConfig
+    from trajrag.agent.navigator import NavigatorConfig
+    from trajrag.agent.oracle import OracleConfig
+    from trajrag.bench.build import BuildBenchConfig
+    from trajrag.bench.experience import ExperienceBenchConfig
+    from trajrag.bench.pipeline import PipelineBenchConfig
+    from trajrag.bench.scale import ScaleBenchConfig
+    from trajrag.bench.world import BenchConfig
+    from trajrag.cli.eval import EvalConfig
+    from trajrag.cli.run import RunConfig
+    from trajrag.distributed.corpus import CorpusJobConfig
+    from trajrag.distributed.evaluate import EvalJobConfig
+    from trajrag.distributed.sweep import SweepConfig
+    from trajrag.encoder import EncoderConfig
+    from trajrag.mapping.local_policy import PolicyConfig
+    from trajrag.mapping.semantic_map import MappingConfig
+    from trajrag.memory.grouping import MemoryConfig
+    from trajrag.perception.config import PerceptionConfig
+    from trajrag.planners.embodied_rag import EmbodiedRAGConfig
+    from trajrag.planners.frontier_value import ValueConfig
+    from trajrag.planners.graphrag import GraphRAGConfig
+    from trajrag.planners.llm import LLMConfig
+    from trajrag.planners.navprobe import NavProbeConfig
+    from trajrag.planners.scoring import ScoringConfig
+    from trajrag.queries import QueryConfig
+    from trajrag.retrieval.retriever import RetrievalConfig
+    from trajrag.revisit import RevisitConfig
+    from trajrag.topo.trajectory import TopoConfig
+    from trajrag.world.episode_gen import EpisodeConfig
+    from trajrag.world.gibson import GibsonConfig
+    from trajrag.world.mp3d import Mp3dConfig
+    from trajrag.world.procedural import ProceduralConfig
+    from trajrag.world.sim import SimConfig
 
 T = TypeVar("T")
 
@@ -60,6 +102,8 @@ SECTIONS: dict[str, str] = {
     "audit": "trajrag.agent.decisions:AuditConfig",
     "value": "trajrag.planners.frontier_value:ValueConfig",
     "graphrag": "trajrag.planners.graphrag:GraphRAGConfig",
+    "embodied_rag": "trajrag.planners.embodied_rag:EmbodiedRAGConfig",
+    "navprobe": "trajrag.planners.navprobe:NavProbeConfig",
     "eval_job": "trajrag.distributed.evaluate:EvalJobConfig",
     "sweep": "trajrag.distributed.sweep:SweepConfig",
     "revisit": "trajrag.revisit:RevisitConfig",
@@ -69,6 +113,93 @@ SECTIONS: dict[str, str] = {
 
 class ConfigError(ValueError):
     """A config file or override is missing, malformed or of the wrong type."""
+
+
+class Settings:
+    """The whole configuration of one run of an entry point: each section of ``SECTIONS`` as its
+    typed dataclass, an attribute of the same name (``settings.sim``, ``settings.episodes``, ...),
+    read from ``configs/<section>.yaml`` with ``overrides`` on first use and then kept, so a
+    command pays only for the sections it uses (some schemas live beside ray or torch).
+
+    ``overrides``: the ``section.key=value`` text the entry point was given, checked
+    (``check_overrides``), presets expanded; kept as the run's record (``run.json``). Read values
+    from the sections, not from it. Sections are shared by everything handed this object: derive
+    other settings (``with_overrides``, ``with_values``) or ``dataclasses.replace`` a section,
+    never change one in place. Picklable: Ray actors, Serve replicas and Tune trials receive it
+    from their driver, with the sections already read."""
+
+    sim: SimConfig
+    procedural: ProceduralConfig
+    episodes: EpisodeConfig
+    oracle: OracleConfig
+    run: RunConfig
+    corpus: CorpusConfig
+    bench: BenchConfig
+    navigator: NavigatorConfig
+    gibson: GibsonConfig
+    mp3d: Mp3dConfig
+    perception: PerceptionConfig
+    mapping: MappingConfig
+    policy: PolicyConfig
+    topo: TopoConfig
+    memory: MemoryConfig
+    encoder: EncoderConfig
+    corpus_job: CorpusJobConfig
+    pipeline_bench: PipelineBenchConfig
+    build_bench: BuildBenchConfig
+    scale_bench: ScaleBenchConfig
+    experience_bench: ExperienceBenchConfig
+    llm: LLMConfig
+    retrieval: RetrievalConfig
+    scoring: ScoringConfig
+    eval: EvalConfig
+    audit: AuditConfig
+    value: ValueConfig
+    graphrag: GraphRAGConfig
+    embodied_rag: EmbodiedRAGConfig
+    navprobe: NavProbeConfig
+    eval_job: EvalJobConfig
+    sweep: SweepConfig
+    revisit: RevisitConfig
+    queries: QueryConfig
+
+    def __init__(self, overrides: Sequence[str] = ()) -> None:
+        self.overrides: tuple[str, ...] = tuple(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for an attribute not set yet: a section read for the first time.
+        if name.startswith("_") or name not in SECTIONS:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (sections: {sorted(SECTIONS)})")
+        section = load(name, self.__dict__.get("overrides", ()))
+        self.__dict__[name] = section
+        return section
+
+    def with_overrides(self, more: Sequence[str], beneath: bool = False) -> "Settings":
+        """These settings with the ``section.key=value`` overrides ``more`` (override lists that
+        are config values themselves: ``run.overrides``, ``eval.variants``, ...) after their own
+        (a later one wins), or before them with ``beneath`` (the entry point's own overrides still
+        win). Sections are read again from the files."""
+        return Settings([*more, *self.overrides] if beneath else [*self.overrides, *more])
+
+    def with_values(self, values: Mapping[str, Any], beneath: bool = False) -> "Settings":
+        """``with_overrides`` of dotted keys and their values (``{"retrieval.store": path}``),
+        recorded in ``overrides`` as ``key=value`` (a path or string as it is, other values as
+        JSON), as a ``--set`` of them would be."""
+        return self.with_overrides([f"{key}={_override_text(value)}" for key, value in values.items()], beneath)
+
+    def __repr__(self) -> str:
+        return f"Settings(overrides={list(self.overrides)!r})"
+
+
+def _override_text(value: Any) -> str:
+    return str(value) if isinstance(value, (str, Path)) else json.dumps(value)
+
+
+def settings(overrides: Sequence[str] = ()) -> Settings:
+    """The ``Settings`` of an entry point from its checked overrides (``check_overrides``, presets
+    expanded), made once there and handed down; nothing below ``cli/`` and ``jobs/`` calls this
+    or ``load`` (``tests/test_settings_handed_down.py``)."""
+    return Settings(overrides)
 
 
 def config_dir() -> Path:

@@ -17,11 +17,16 @@ from typing import Iterator, Sequence
 from trajrag import config
 from trajrag.agent.episode_runner import EpisodeResult, run_episode
 from trajrag.agent.map_builder import MapBuilder, RecordingAgent
-from trajrag.memory.grouping import chunk_description
+from trajrag.agent.registry import make_frontier_agent, make_oracle
+from trajrag.agent.value_data import ValueDecisionRecorder
+from trajrag.config import Settings
+from trajrag.memory.prepare import chunk_description
+from trajrag.planners.frontier_value import decisions_to_bytes
 from trajrag.topo.trajectory import TopoPolarTrajectory
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.interface import Action, Observations
 from trajrag.world.scene import Scene
+from trajrag.world.sim import GridSimulator, intrinsics_of
 
 POLICIES = ("oracle", "explore", "mix")
 
@@ -66,17 +71,23 @@ _BOOKKEEPING = {"episodes": {"seed", "field_cache_size", "mappable_view_radius_m
                 "perception": {"device"}}
 
 
-def collection_settings(overrides: Sequence[str], scenes: Sequence[Scene]) -> dict:
-    """The world and sensor settings a collector walks with (``corpus.collector_overrides``
-    applied, as ``Collector`` applies them): ``{"sim", "perception", "episodes", "datasets"}``,
-    what a memory records of its walks (``memory.build_settings``)."""
-    collector_overrides = list(config.load("corpus", overrides).collector_overrides) + list(overrides)
-    settings: dict = {}
+def collector_settings(settings: Settings) -> Settings:
+    """The settings a collector walks with: ``corpus.collector_overrides`` beneath the run's own
+    overrides (a ``--set`` of the same key wins)."""
+    return settings.with_overrides(settings.corpus.collector_overrides, beneath=True)
+
+
+def collection_settings(settings: Settings, scenes: Sequence[Scene]) -> dict:
+    """The world and sensor settings a collector walks with (``collector_settings``, as
+    ``Collector`` applies them): ``{"sim", "perception", "episodes", "datasets"}``, what a memory
+    records of its walks (``memory.build_settings``)."""
+    walked = collector_settings(settings)
+    recorded: dict = {}
     for section in ("sim", "perception", "episodes"):
-        values = config.to_dict(config.load(section, collector_overrides))
-        settings[section] = {k: v for k, v in values.items() if k not in _BOOKKEEPING.get(section, ())}
-    settings["datasets"] = sorted({scene.name.split("/")[0] for scene in scenes})
-    return settings
+        values = config.to_dict(getattr(walked, section))
+        recorded[section] = {k: v for k, v in values.items() if k not in _BOOKKEEPING.get(section, ())}
+    recorded["datasets"] = sorted({scene.name.split("/")[0] for scene in scenes})
+    return recorded
 
 
 def trajectory_id(episode: ObjectNavEpisode, policy: str) -> str:
@@ -117,35 +128,29 @@ class LookAround:
 
 
 class Collector:
-    """Holds one simulator and one agent per policy; ``collect`` runs episodes one by one."""
+    """Holds one simulator and one agent per policy; ``collect`` runs episodes one by one, with
+    the run's settings and ``corpus.collector_overrides`` beneath them (``collector_settings``)."""
 
-    def __init__(self, overrides: Sequence[str] = (), seed: int = 0) -> None:
-        from trajrag.agent.navigator import make_frontier_agent
-        from trajrag.agent.oracle import OracleAgent
-        from trajrag.world.sim import GridSimulator, intrinsics_of
-
-        self.cfg: CorpusConfig = config.load("corpus", overrides)
-        overrides = list(self.cfg.collector_overrides) + list(overrides)
-        sim_cfg = config.load("sim", overrides)
+    def __init__(self, settings: Settings, seed: int = 0) -> None:
+        self.cfg: CorpusConfig = settings.corpus
+        walked = collector_settings(settings)
+        sim_cfg = walked.sim
         self.sim = GridSimulator(sim_cfg)
-        nav = config.load("navigator", overrides)
-        builder = MapBuilder(nav.vocabulary, intrinsics_of(sim_cfg), config.load("mapping", overrides),
-                             config.load("perception", overrides), config.load("topo", overrides))
-        oracle = OracleAgent(config.load("oracle", overrides), sim_cfg, config.load("episodes", overrides))
+        self.episode_cfg = walked.episodes
+        builder = MapBuilder(walked.navigator.vocabulary, intrinsics_of(sim_cfg), walked.mapping, walked.perception,
+                             walked.topo)
+        oracle = make_oracle(walked)
         if self.cfg.oracle_look_around_turns or self.cfg.oracle_look_around_at_goal_turns:
             oracle = LookAround(oracle, self.cfg.oracle_look_around_turns, self.cfg.oracle_look_around_at_goal_turns)
         self.agents = {
             "oracle": RecordingAgent(oracle, builder, seed),
-            "explore": make_frontier_agent(sim_cfg, overrides, seed),
+            "explore": make_frontier_agent(walked, seed),
         }
         self.seed = seed
         self.recorder = None
         if self.cfg.keep_value_decisions:  # the exploration walks' decisions, for the frontier value
-            from trajrag.agent.value_data import ValueDecisionRecorder
-
-            episode_cfg = config.load("episodes", overrides)
-            self.recorder = ValueDecisionRecorder(episode_cfg.goal_categories, episode_cfg,
-                                                  config.load("audit", overrides), config.load("value", overrides))
+            episode_cfg = walked.episodes
+            self.recorder = ValueDecisionRecorder(episode_cfg.goal_categories, episode_cfg, walked.audit, walked.value)
             self.agents["explore"].decision_observer = self.recorder
 
     def collect_one(self, episode: ObjectNavEpisode, scene: Scene, policy: str) -> CollectedEpisode:
@@ -155,14 +160,12 @@ class Collector:
         recording = self.recorder is not None and chosen == "explore"
         if recording:
             self.recorder.start(scene, episode)
-        result = run_episode(self.sim, agent, episode, scene)
+        result = run_episode(self.sim, agent, episode, scene, self.episode_cfg)
         trajectory = agent.topo_trajectory(success=result.metrics.success, with_place=True)
         # The chunk text is made here, not by the memory's single writer (memory.grouping).
         trajectory.description = chunk_description(trajectory)
         decisions = None
         if recording:
-            from trajrag.planners.frontier_value import decisions_to_bytes
-
             decisions = decisions_to_bytes(self.recorder.take(), agent.builder.vocabulary, self.recorder.goals)
         return CollectedEpisode(trajectory_id(episode, chosen), chosen, trajectory, result, decisions)
 

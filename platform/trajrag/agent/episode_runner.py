@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, Protocol
 
 from trajrag.world.episode import ObjectNavEpisode
-from trajrag.world.episode_gen import EpisodeConfig, load_config, scene_goal_field
+from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
 from trajrag.world.interface import Action, Observations, Simulator
 from trajrag.world.metrics import EpisodeMetrics, episode_metrics
 from trajrag.world.scene import Scene
@@ -57,15 +57,14 @@ class EpisodeResult:
         return out
 
 
-def run_episode(sim: Simulator, agent: Agent, episode: ObjectNavEpisode, scene: Scene,
-                max_steps: Optional[int] = None, cfg: Optional[EpisodeConfig] = None) -> EpisodeResult:
+def run_episode(sim: Simulator, agent: Agent, episode: ObjectNavEpisode, scene: Scene, cfg: EpisodeConfig,
+                max_steps: Optional[int] = None) -> EpisodeResult:
     """Run ``agent`` on ``episode`` in ``scene`` through ``sim``; return metrics + trajectory.
 
-    max_steps: action budget (``None``: ``cfg.max_steps``, 500). cfg: the episode definition
-    (success distance, geodesic neighbourhood; ``None``: ``configs/episodes.yaml``). Raises
-    ``ValueError`` naming the episode if it does not belong to ``scene`` or cannot start.
+    cfg: the ``episodes`` section (success distance, geodesic neighbourhood, step budget).
+    max_steps: action budget (``None``: ``cfg.max_steps``, 500). Raises ``ValueError`` naming the
+    episode if it does not belong to ``scene`` or cannot start.
     """
-    cfg = cfg if cfg is not None else load_config()
     max_steps = cfg.max_steps if max_steps is None else int(max_steps)
     if episode.scene_key and episode.scene_key != scene.name:
         raise ValueError(f"episode {episode.episode_id}: belongs to scene {episode.scene_key!r}, "

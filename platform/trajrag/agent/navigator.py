@@ -22,6 +22,7 @@ import numpy as np
 from skimage.graph import MCP_Geometric
 
 from trajrag.agent.map_builder import MapBuilder
+from trajrag.config import Settings
 from trajrag.agent.verification import GoalVerifier, Verdict
 from trajrag.mapping.frontiers import Frontier, find_frontiers
 from trajrag.mapping.local_policy import LocalPolicy, PolicyStatus
@@ -33,6 +34,7 @@ from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.frames import wrap_angle
 from trajrag.world.interface import Action, Observations
 from trajrag.world.scene import Scene
+from trajrag.world.sim import intrinsics_of
 
 
 @dataclass
@@ -420,15 +422,10 @@ class Navigator:
         return replace(cfg, reachable_clearance_m=min(self.cfg.walled_in_clearance_m, cfg.reachable_clearance_m))
 
     def _underfoot(self, frontier: Frontier, xy: np.ndarray) -> bool:
-        """Whether the local policy counts ``frontier`` as reached where the agent stands. Choosing
-        it moves nothing, and the camera never sees the floor at the agent's feet, so it stays a
-        frontier. After a reset such a frontier would be chosen, reached and spent at once: at
-        Gibson starts beside furniture, the one frontier reachable after the first look around was
-        0.18 m away, and the agent spent it and its three resets in two steps, then STOPped with
-        every other frontier untried (4 nearest-frontier and 2 TrajRAG failures of the
-        cross-validation). Elsewhere it is still chosen and spent, which also spends the frontiers
-        around it (``blacklist_radius_m``): skipping it at every decision instead navigated worse
-        (train scenes, nearest frontier: SPL 0.488 -> 0.475 procedural, 0.409 -> 0.389 Gibson)."""
+        """Whether the local policy counts ``frontier`` as reached where the agent stands: choosing
+        it moves nothing and the camera never sees the floor at its feet, so after a reset it would
+        spend every reset at once (elsewhere it is still chosen: skipping it always navigated worse;
+        docs/notes/2026-12-code-history.md)."""
         return float(np.linalg.norm(frontier.centroid_xy - xy)) <= self.policy.cfg.waypoint_radius_m
 
     def _near_any(self, frontier: Frontier, places: list[np.ndarray]) -> bool:
@@ -507,30 +504,11 @@ def _stable_hash(text: str) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
-# -- factories (agent/registry.py) ------------------------------------------------------------
-def make_navigator(planner: Planner, sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    """A navigator with every part configured from ``configs/`` (+ overrides)."""
-    from trajrag import config
-    from trajrag.world.sim import intrinsics_of
-
-    cfg: NavigatorConfig = config.load("navigator", overrides)
-    mapping_cfg = config.load("mapping", overrides)
-    topo_cfg = config.load("topo", overrides)
-    builder = MapBuilder(cfg.vocabulary, intrinsics_of(sim_cfg), mapping_cfg,
-                         config.load("perception", overrides), topo_cfg)
-    policy = LocalPolicy(config.load("policy", overrides), sim_cfg.forward_step, math.radians(sim_cfg.turn_angle_deg))
-    return Navigator(planner, builder, policy, cfg, mapping_cfg, topo_cfg, seed)
-
-
-def make_frontier_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    from trajrag import config
-    from trajrag.planners.frontier import NearestFrontierPlanner
-
-    hysteresis = config.load("navigator", overrides).frontier_hysteresis_m
-    return make_navigator(NearestFrontierPlanner(hysteresis), sim_cfg, overrides, seed)
-
-
-def make_random_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    from trajrag.planners.frontier import RandomFrontierPlanner
-
-    return make_navigator(RandomFrontierPlanner(), sim_cfg, overrides, seed)
+def make_navigator(planner: Planner, settings: Settings, seed: int = 0) -> Navigator:
+    """A navigator deciding with ``planner``, every part configured from ``settings`` (the
+    ``navigator``, ``mapping``, ``topo``, ``perception``, ``policy`` and ``sim`` sections)."""
+    sim_cfg, mapping_cfg, topo_cfg = settings.sim, settings.mapping, settings.topo
+    builder = MapBuilder(settings.navigator.vocabulary, intrinsics_of(sim_cfg), mapping_cfg, settings.perception,
+                         topo_cfg)
+    policy = LocalPolicy(settings.policy, sim_cfg.forward_step, math.radians(sim_cfg.turn_angle_deg))
+    return Navigator(planner, builder, policy, settings.navigator, mapping_cfg, topo_cfg, seed)

@@ -7,9 +7,8 @@ TURN by ``sim.turn_angle_deg``).
 Why a planner over the actions and not a pure-pursuit follower of the grid path: SPL charges every
 metre walked, and with 0.25 m steps on 30-degree headings a follower aiming at a lookahead point
 zig-zags, overshoots thin goal regions (it can circle across one for ever) and gets stuck in
-front of moves its heading makes it collide with: a first follower of that kind reached SR 0.21
-on 75 Gibson-train episodes, and one that picked the best free heading still circled around thin
-goal regions. The oracle therefore plans with
+front of moves its heading makes it collide with (the first such follower failed most Gibson
+episodes; docs/notes/2026-12-code-history.md). The oracle therefore plans with
 ``geodesic.shortest_action_path``: A* over the positions the simulator can actually reach (forward
 steps along the current yaw + k * turn angle, each checked with the simulator's collision rule),
 guided by the geodesic field to the goal region, goal test "the position's cell is in the goal
@@ -20,26 +19,29 @@ The plan is replayed action by action. If the agent is not where the plan expect
 collision, a different simulator) or the plan was partial (``episodes.action_path_max_expansions``
 hit), it plans again from where it stands, at most ``max_replans`` times per episode.
 
-Its SPL is about 0.945 on generated procedural and Gibson episodes (mean geodesic 5-6 m), with SR
-1.0. That is the action set's ceiling, not a planner loss: walks are whole 0.25 m steps (the
-rounding alone caps SPL near 0.97, ``spl_bound`` below) on 12 headings fixed by the start yaw
-(another 2-3 %); a smaller heuristic weight or finer position merging leaves it unchanged.
+Its SPL stays below 1 (SR 1.0) by the action set, not by the planner: walks are whole 0.25 m
+steps (``spl_bound`` below) on 12 headings fixed by the start yaw (figures: docs/results.md, "The
+oracle and the action lattice").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
-from trajrag import config as config_mod
+from trajrag.agent.episode_runner import run_episode
+from trajrag.config import ConfigError, Settings
+from trajrag.world.datasets import load_scenes
 from trajrag.world.episode import ObjectNavEpisode
-from trajrag.world.episode_gen import EpisodeConfig, plan_action_path, scene_goal_field
+from trajrag.world.episode_gen import EpisodeConfig, generate_episodes, plan_action_path, scene_goal_field
 from trajrag.world.frames import Pose2D
 from trajrag.world.geodesic import ActionPath, GoalField, Motion
 from trajrag.world.interface import Action, Observations
+from trajrag.world.metrics import summarize
 from trajrag.world.scene import Scene
+from trajrag.world.sim import GridSimulator, SimConfig
 
 
 @dataclass
@@ -55,27 +57,19 @@ class OracleConfig:
     benchmark_sim_overrides: list[str]
 
 
-def load_config(overrides: Sequence[str] = ()) -> OracleConfig:
-    """``configs/oracle.yaml`` with ``oracle.key=value`` overrides."""
-    return config_mod.load("oracle", overrides)
-
-
 class OracleAgent:
     """Privileged shortest-walk agent (module doc): ``reset(episode, scene)``, then ``act(obs)``.
 
-    cfg: ``OracleConfig`` (``None``: ``configs/oracle.yaml``); sim_cfg: the simulator's config,
-    for its step, turn and collision sampling (``None``: ``configs/sim.yaml``); episode_cfg: the
-    episode definition and planner settings (``None``: ``configs/episodes.yaml``).
+    cfg: the ``oracle`` section; sim_cfg: the ``sim`` section, for its step, turn and collision
+    sampling; episode_cfg: the ``episodes`` section (episode definition and planner settings).
     """
 
-    def __init__(self, cfg: Optional[OracleConfig] = None, sim_cfg=None,
-                 episode_cfg: Optional[EpisodeConfig] = None) -> None:
-        self.cfg = cfg if cfg is not None else load_config()
+    def __init__(self, cfg: OracleConfig, sim_cfg: SimConfig, episode_cfg: EpisodeConfig) -> None:
+        self.cfg = cfg
         if self.cfg.max_replans < 1:
-            raise config_mod.ConfigError(f"oracle.max_replans must be >= 1, got {self.cfg.max_replans}")
-        sim_cfg = sim_cfg if sim_cfg is not None else config_mod.load("sim")
+            raise ConfigError(f"oracle.max_replans must be >= 1, got {self.cfg.max_replans}")
         self.motion = Motion.from_sim_config(sim_cfg)
-        self.episode_cfg = episode_cfg if episode_cfg is not None else config_mod.load("episodes")
+        self.episode_cfg = episode_cfg
         self.scene: Optional[Scene] = None
         self.goal: Optional[GoalField] = None
         self.plans = 0
@@ -134,29 +128,21 @@ def path_to_actions(path: ActionPath, start: Pose2D, n_headings: int) -> tuple[l
     return actions, expected
 
 
-def oracle_benchmark(scene_spec: str, episodes_per_scene: int, seed: int,
-                     overrides: Sequence[str] = ()) -> dict:
+def oracle_benchmark(scene_spec: str, episodes_per_scene: int, seed: int, settings: Settings) -> dict:
     """Oracle SR / SPL on generated episodes of ``scene_spec`` (``procedural:val:20``, a Gibson
-    ``*_info.pbz2`` path, ...): ``summarize`` keys (``sr``, ``spl``, ``dtg_m``, ``episodes``,
+    ``*_info.pbz2`` path, ...), with ``oracle.benchmark_sim_overrides`` beneath the settings'
+    own overrides: ``summarize`` keys (``sr``, ``spl``, ``dtg_m``, ``episodes``,
     ``per_category``, ...) plus ``outcomes``, ``scenes`` and ``spl_bound``: the mean of
     ``l / (step * ceil(l / step))``, the SPL of walks no longer than the geodesic rounded up to
     whole forward steps. No agent of 0.25 m steps beats it (up to the geodesic's small
     overestimate, ``world/geodesic.py``); the 30-degree headings cost another 2-3 %."""
     import math
 
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.world.datasets import load_scenes
-    from trajrag.world.episode_gen import generate_episodes
-    from trajrag.world.metrics import summarize
-    from trajrag.world.sim import GridSimulator
-
-    oracle_cfg = load_config(overrides)
-    sim_overrides = [f"sim.{o}" for o in oracle_cfg.benchmark_sim_overrides] + list(overrides)
-    sim_cfg = config_mod.load("sim", sim_overrides)
-    episode_cfg = config_mod.load("episodes", overrides)
-    scenes = load_scenes(scene_spec, overrides)
+    oracle_cfg, episode_cfg = settings.oracle, settings.episodes
+    sim_cfg = settings.with_overrides([f"sim.{o}" for o in oracle_cfg.benchmark_sim_overrides], beneath=True).sim
+    scenes = load_scenes(scene_spec, settings)
     by_name = {s.name: s for s in scenes}
-    episodes = generate_episodes(scenes, episodes_per_scene, episode_cfg, seed)
+    episodes = generate_episodes(scenes, episodes_per_scene, episode_cfg, seed, Motion.from_sim_config(sim_cfg))
     sim = GridSimulator(sim_cfg)
     agent = OracleAgent(oracle_cfg, sim_cfg, episode_cfg)
     results = [run_episode(sim, agent, e, by_name[e.scene_key], cfg=episode_cfg) for e in episodes]

@@ -16,12 +16,9 @@ against how often a planner knows which frontier leads to the goal.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
-from trajrag.agent.navigator import Navigator, make_navigator
 from trajrag.config import ConfigError
 from trajrag.planners.base import PlannerContext
 from trajrag.planners.frontier import NearestFrontierPlanner
@@ -66,14 +63,3 @@ class FrontierOraclePlanner:
             return choice
         self.last_scores = -cost
         return int(np.argmax(self.last_scores))
-
-
-def make_frontier_oracle_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0) -> Navigator:
-    """``--planner frontier-oracle``: the navigator of every other planner, ranking with privilege."""
-    from trajrag import config
-
-    planner = FrontierOraclePlanner(config.load("audit", overrides), config.load("episodes", overrides),
-                                    config.load("navigator", overrides).frontier_hysteresis_m)
-    navigator = make_navigator(planner, sim_cfg, overrides, seed)
-    navigator.episode_observer = planner.see_episode
-    return navigator

@@ -1,8 +1,8 @@
 """Rollout costs for the frontier value: what a choice costs for the rest of the episode.
 
 The value's default target (``value.target: myopic``) is the metres to the goal through a
-frontier as if the goal became known there. docs/results.md found that greedy cost a poor proxy
-for navigation, while the metres the walker actually walks after a choice agreed with it. Here,
+frontier as if the goal became known there, a poor proxy for navigation; the metres the walker
+actually walks after a choice agreed with it (docs/notes/2026-12-code-history.md). Here,
 at up to ``value.rollout_decisions_per_episode`` decisions of each walk (at random, seeded by the
 episode), every candidate is taken in turn and the walker goes on to the end of the episode; the
 candidate's cost is the metres walked from the decision to success (``inf`` on failure: it ranks

@@ -19,9 +19,10 @@ from tqdm import tqdm
 
 from trajrag.agent.decisions import AuditConfig, FrontierGoalDistance
 from trajrag.agent.episode_runner import run_episode
-from trajrag.agent.navigator import make_frontier_agent
+from trajrag.agent.registry import make_frontier_agent, make_value_agent
 from trajrag.agent.rollouts import RolloutStats, rollout_decisions
-from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features, make_value_agent
+from trajrag.config import Settings
+from trajrag.planners.frontier_value import ValueConfig, ValueDecision, candidate_features
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, scene_goal_field
 from trajrag.world.scene import Scene
@@ -62,22 +63,22 @@ class ValueDecisionRecorder:
         return taken
 
 
-def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNavEpisode], goals: Sequence[str],
-                            sim_cfg, episode_cfg: EpisodeConfig, audit: AuditConfig, cfg: ValueConfig,
-                            overrides: Sequence[str] = (), progress: bool = True,
+def collect_value_decisions(scenes: Sequence[Scene], episodes: Sequence[ObjectNavEpisode], settings: Settings,
+                            progress: bool = True,
                             on_scene: Optional[SceneDone] = None) -> tuple[list[ValueDecision], list[str]]:
-    """Walk every episode with ``cfg.walker`` (nearest frontier, or the value planner of
-    ``scoring.value_model``) and record its decisions; returns them and the agent's vocabulary
-    (the model's object columns). With ``cfg.target`` rollout, only the sampled decisions of each
-    walk, their costs rolled out (``agent/rollouts.py``).
+    """Walk every episode with ``value.walker`` (nearest frontier, or the value planner of
+    ``scoring.value_model``) and record its decisions about ``episodes.goal_categories``;
+    returns them and the agent's vocabulary (the model's object columns). With ``value.target``
+    rollout, only the sampled decisions of each walk, their costs rolled out (``agent/rollouts.py``).
 
     Episodes are walked scene after scene, in the order of ``scenes``; ``on_scene(name,
     decisions, vocabulary)`` is called as each scene is done (``agent/value_parts.py`` keeps them)."""
+    cfg, episode_cfg = settings.value, settings.episodes
     make_agent = make_frontier_agent if cfg.walker == "frontier" else make_value_agent
-    agent = make_agent(sim_cfg, overrides)
+    agent = make_agent(settings)
     vocabulary = list(agent.builder.vocabulary)
-    sim = GridSimulator(sim_cfg)
-    recorder = ValueDecisionRecorder(goals, episode_cfg, audit, cfg)
+    sim = GridSimulator(settings.sim)
+    recorder = ValueDecisionRecorder(episode_cfg.goal_categories, episode_cfg, settings.audit, cfg)
     rollouts = RolloutStats()
     agent.decision_observer = recorder
     by_scene: dict[str, list[ObjectNavEpisode]] = {}

@@ -1,7 +1,6 @@
 """A value fit's walk that keeps each scene's decisions as soon as the scene is walked.
 
-A rollout fit at cluster scale walks thousands of homes for tens of core-hours (docs/results.md:
-about 21 core-seconds a decision). ``trajrag value fit --save-decisions D.npz`` keeps each walked
+A rollout fit at cluster scale walks thousands of homes for tens of core-hours. ``trajrag value fit --save-decisions D.npz`` keeps each walked
 scene in ``D.npz.parts/`` (one decisions file per scene, written whole or not at all). A killed
 run, a lost node or a scene that raises then loses only the scenes still being walked, and the
 same command resumes, walking only the scenes without a file. The settings the files were walked

@@ -1,7 +1,7 @@
 """``trajrag bench build``: trajectories per second into the memory, with 1 and N grouping writers.
 
 The corpus job's writer side alone (``distributed.corpus.GroupingWriter``, with ``writers`` > 1
-its shard actors, ``memory.shards``): pre-collected trajectories (``bench.store``'s synthetic
+its shard actors, ``memory.shards``): pre-collected trajectories (``memory.synthetic``'s
 homes, the chunk text attached as collectors attach it) go to the writer in batches of
 ``corpus_job.writer_batch`` with ``corpus_job.max_unacked_batches`` in flight, as fast as it
 acknowledges them, into a fresh store, up to each size of ``build_bench.chunks`` (trajectories
@@ -25,6 +25,9 @@ import numpy as np
 
 from trajrag.bench import work_dir
 from trajrag.bench.store import _size_name, _Workload
+from trajrag.config import Settings
+from trajrag.memory.prepare import chunk_description
+from trajrag.ray_cluster import ensure_ray
 
 
 @dataclass
@@ -41,8 +44,6 @@ class BuildBenchConfig:
 
 def _trajectories(n: int, seed: int, per_scene: int) -> list:
     """``n`` synthetic trajectories as collectors hand them over (chunk text attached)."""
-    from trajrag.memory.grouping import chunk_description
-
     work = _Workload(seed, per_scene)
     trajs = []
     for _ in range(n):
@@ -84,19 +85,14 @@ def _rate(acked: list[tuple[int, float]], size: int, window: int) -> float:
     return float((counts[b] - counts[a]) / max(times[b] - times[a], 1e-9))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Feed each writer count a fresh store; returns the JSON-able rates."""
     import ray
 
-    from trajrag.config import load
     from trajrag.distributed.corpus import GroupingWriter
-    from trajrag.ray_cluster import ensure_ray
 
-    overrides = getattr(args, "overrides", []) or []
     quick = bool(getattr(args, "quick", False))
-    cfg: BuildBenchConfig = load("build_bench", overrides)
-    job = load("corpus_job", overrides)
-    memory_cfg = load("memory", overrides)
+    cfg, job, memory_cfg = settings.build_bench, settings.corpus_job, settings.memory
     sizes = sorted(set(cfg.quick_chunks if quick else cfg.chunks) | ({args.chunks} if getattr(args, "chunks", None) else set()))
     window = cfg.quick_window if quick else cfg.window
     verbose = not getattr(args, "json", False)
@@ -108,7 +104,7 @@ def run(args: argparse.Namespace) -> dict:
     root = work_dir(args, "trajrag-bench-build-")
     try:
         for n in cfg.writers:
-            writer = writer_cls.remote(f"{root}/memory-{n}", overrides, None, n, job.shard_num_cpus)
+            writer = writer_cls.remote(f"{root}/memory-{n}", memory_cfg, None, n, job.shard_num_cpus)
             ray.get(writer.ping.remote())
             acked = _feed(writer, trajs, job.writer_batch, job.max_unacked_batches)
             state = ray.get(writer.state.remote())

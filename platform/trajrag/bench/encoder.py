@@ -26,8 +26,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from trajrag.encoder import load_config
+from trajrag.config import Settings
 from trajrag.encoder.data import EncodedSet
+from trajrag.encoder.train import run_trainer
+from trajrag.ray_cluster import ensure_ray
 
 # MiniLM's width: the default node encoder (configs/encoder.yaml node.model_dir).
 NODE_DIM = 384
@@ -53,11 +55,8 @@ def synthetic_set(n: int, groups: int, min_nodes: int, max_nodes: int, dim: int,
         goal_emb=goal_emb, goals=[f"goal{g}" for g in range(GOALS)])
 
 
-def run(args: argparse.Namespace) -> dict:
-    from trajrag.encoder.train import run_trainer
-    from trajrag.ray_cluster import ensure_ray
-
-    cfg = load_config(args.overrides)
+def run(args: argparse.Namespace, settings: Settings) -> dict:
+    cfg = settings.encoder
     bench = cfg.bench
     n = _QUICK_TRAJECTORIES if args.quick else bench.trajectories
     epochs = 1 + (1 if args.quick else bench.epochs)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajrag import config
 from trajrag.bench import work_dir
+from trajrag.config import Settings
+from trajrag.planners.frontier_value import feature_names
+from trajrag.retrieval.experience import ExperienceIndex, write_experience
 
 
 @dataclass
@@ -37,16 +39,12 @@ class ExperienceBenchConfig:
     seed: int
 
 
-def run(args: argparse.Namespace) -> dict:
-    from trajrag.planners.frontier_value import feature_names
-    from trajrag.retrieval.experience import ExperienceIndex, write_experience
-
-    overrides = list(getattr(args, "overrides", []) or [])
-    cfg: ExperienceBenchConfig = config.load("experience_bench", overrides)
+def run(args: argparse.Namespace, settings: Settings) -> dict:
+    cfg = settings.experience_bench
     rows = int(getattr(args, "chunks", None) or (cfg.quick_rows if getattr(args, "quick", False) else cfg.rows))
-    goals = list(config.load("episodes", overrides).goal_categories)
-    width = len(feature_names(config.load("navigator", overrides).vocabulary, goals))
-    k = config.load("scoring", overrides).experience_k
+    goals = list(settings.episodes.goal_categories)
+    width = len(feature_names(settings.navigator.vocabulary, goals))
+    k = settings.scoring.experience_k
     rng = np.random.default_rng(cfg.seed)
     goal_of = rng.integers(len(goals), size=rows)
     vectors = rng.normal(size=(rows, width)).astype(np.float32)

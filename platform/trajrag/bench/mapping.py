@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from trajrag import config as config_mod
 from trajrag.bench.sim import bench_scene, one_core
+from trajrag.config import Settings
 from trajrag.mapping.astar import astar
 from trajrag.mapping.frontiers import find_frontiers
-from trajrag.mapping.local_policy import LocalPolicy
+from trajrag.mapping.local_policy import LocalPolicy, PolicyConfig
 from trajrag.mapping.semantic_map import SemanticMap, SemanticMapper, dilate_disk
 from trajrag.perception.oracle import OracleSegmenter
 from trajrag.world.frames import Pose2D
@@ -34,13 +34,12 @@ _SAME_WAYPOINT_M = 0.5  # a frontier whose representative moved less than this i
 _VOCABULARY = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")  # habitat-lab HM3D goals
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Run the benchmark; returns milliseconds per call (mean, p50, p95) for each stage."""
-    overrides = list(getattr(args, "overrides", []) or [])
     steps = _QUICK_STEPS if getattr(args, "quick", False) else _FULL_STEPS
     with one_core():
-        timings, info = _explore(steps, overrides)
-        timings["astar_20m"] = _astar_20m(overrides)
+        timings, info = _explore(steps, settings)
+        timings["astar_20m"] = _astar_20m(settings.policy)
     result = {name: ms_summary(values) for name, values in timings.items()}
     result.update(info)
     return result
@@ -57,15 +56,15 @@ def ms_summary(seconds: list[float]) -> dict:
     }
 
 
-def _explore(steps: int, overrides: list[str]) -> tuple[dict[str, list[float]], dict]:
+def _explore(steps: int, settings: Settings) -> tuple[dict[str, list[float]], dict]:
     """Frontier exploration for ``steps`` steps; per-stage wall times in seconds."""
-    sim = GridSimulator(config_mod.load("sim", overrides))
-    scene = bench_scene()
-    mapping_cfg = config_mod.load("mapping", overrides)
-    segmenter = OracleSegmenter(_VOCABULARY, scene.categories, config_mod.load("perception", overrides), seed=0)
+    sim = GridSimulator(settings.sim)
+    scene = bench_scene(settings.procedural)
+    mapping_cfg = settings.mapping
+    segmenter = OracleSegmenter(_VOCABULARY, scene.categories, settings.perception, seed=0)
     mapper = SemanticMapper(mapping_cfg, sim.intrinsics, _VOCABULARY)
     turn = math.radians(sim.cfg.turn_angle_deg)
-    policy = LocalPolicy(config_mod.load("policy", overrides), sim.cfg.forward_step, turn)
+    policy = LocalPolicy(settings.policy, sim.cfg.forward_step, turn)
     cells = np.argwhere(scene.traversable)
     start = Pose2D(*scene.to_xy(cells[len(cells) // 2]), 0.0)
     obs = sim.reset(scene, start)
@@ -132,9 +131,9 @@ def rooms_map(size_m: float, room_m: float, door_m: float, cell: float) -> Seman
     return sem
 
 
-def _astar_20m(overrides: list[str]) -> list[float]:
-    """A* corner to corner on ``rooms_map(20 m)`` with the policy's inflation (seconds per call)."""
-    cfg = config_mod.load("policy", overrides)
+def _astar_20m(cfg: PolicyConfig) -> list[float]:
+    """A* corner to corner on ``rooms_map(20 m)`` with the policy's inflation (``cfg``: the
+    ``policy`` section; seconds per call)."""
     sem = rooms_map(20.0, 5.0, 1.0, 0.05)
     blocked = dilate_disk(sem.obstacle, cfg.inflation_radius_m / sem.cell_size)
     n = sem.shape[0]

@@ -18,15 +18,14 @@ import time
 
 import numpy as np
 
-from trajrag import config as config_mod
+from trajrag.config import Settings
 from trajrag.bench.mapping import ms_summary
 from trajrag.bench.robustness import robustness_report
 from trajrag.bench.sim import bench_scene
-from trajrag.perception.config import PerceptionConfig
 from trajrag.perception.factory import make_segmenter
 from trajrag.world.frames import Pose2D
 from trajrag.world.interface import Action, Observations
-from trajrag.world.sim import GridSimulator
+from trajrag.world.sim import GridSimulator, SimConfig
 
 _FULL_FRAMES = 30
 _QUICK_FRAMES = 5
@@ -34,26 +33,24 @@ _WARMUP_FRAMES = 2
 _VOCABULARY = ("chair", "sofa", "plant", "bed", "toilet", "tv_monitor")  # habitat-lab HM3D goals
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Run the benchmark; returns the detector's milliseconds per frame (mean, p50, p95), or with
     ``--curves DIR`` the robustness curves of ``jobs/perception_curves.sh DIR`` (and DIR/curves.png)."""
     if getattr(args, "curves", None):
         return robustness_report(args.curves)
-    overrides = list(getattr(args, "overrides", []) or [])
-    cfg = config_mod.load("perception", overrides)
-    return detector_latency(args, cfg)
+    return detector_latency(args, settings)
 
 
-def detector_latency(args: argparse.Namespace, cfg: PerceptionConfig) -> dict:
-    """``segment`` wall time per frame of ``args.detector`` (default ``cfg.segmenter``)."""
-    overrides = list(getattr(args, "overrides", []) or [])
+def detector_latency(args: argparse.Namespace, settings: Settings) -> dict:
+    """``segment`` wall time per frame of ``args.detector`` (default ``perception.segmenter``)."""
+    cfg = settings.perception
     detector = getattr(args, "detector", None) or cfg.segmenter
     cfg = dataclasses.replace(cfg, segmenter=detector)
     n_frames = _QUICK_FRAMES if getattr(args, "quick", False) else _FULL_FRAMES
-    scene = bench_scene()
+    scene = bench_scene(settings.procedural)
     # Built before any frame is rendered: missing weights fail at once.
     segmenter = make_segmenter(_VOCABULARY, scene.categories, cfg, seed=0)
-    frames = _turning_frames(scene, overrides, n_frames + _WARMUP_FRAMES, with_rgb=detector != "oracle")
+    frames = _turning_frames(scene, settings.sim, n_frames + _WARMUP_FRAMES, with_rgb=detector != "oracle")
     seconds = []
     for i, obs in enumerate(frames):
         t0 = time.perf_counter()
@@ -76,10 +73,9 @@ def detector_latency(args: argparse.Namespace, cfg: PerceptionConfig) -> dict:
     return result
 
 
-def _turning_frames(scene, overrides: list[str], n: int, with_rgb: bool) -> list[Observations]:
+def _turning_frames(scene, sim_cfg: SimConfig, n: int, with_rgb: bool) -> list[Observations]:
     """``n`` frames of the agent turning left from the middle of the home's free space (rendered
     up front, so that rendering is not timed)."""
-    sim_cfg = config_mod.load("sim", overrides)
     if with_rgb and "rgb" not in sim_cfg.sensors:
         sim_cfg = dataclasses.replace(sim_cfg, sensors=[*sim_cfg.sensors, "rgb"])
     sim = GridSimulator(sim_cfg)

@@ -40,7 +40,18 @@ from pathlib import Path
 
 import numpy as np
 
-from trajrag import config
+from trajrag.agent.corpus import build_corpus
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
+from trajrag.config import Settings
+from trajrag.distributed.serve_planner import decision_request, delete_planner_app, deploy_planner_app
+from trajrag.encoder.evaluate import embed_store
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.planners.frontier import NearestFrontierPlanner
+from trajrag.planners.frontier_value import load_value_model
+from trajrag.ray_cluster import ensure_ray
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
 
 
 @dataclass
@@ -77,7 +88,7 @@ class PipelineBenchConfig:
 
 
 def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[int],
-                      overrides: list[str], progress: bool = False) -> dict:
+                      settings: Settings, progress: bool = False) -> dict:
     """``corpus_traj_per_s_<n>`` for each collector count ``n`` (fresh stores), plus details."""
     from trajrag.distributed.corpus import build_corpus_ray
 
@@ -85,7 +96,7 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
     for n in workers:
         with tempfile.TemporaryDirectory(prefix="trajrag-bench-pipeline-") as tmp:
             summary = build_corpus_ray(scenes, per_scene, policy, os.path.join(tmp, "memory"),
-                                       overrides, workers=n, progress=progress)
+                                       settings, workers=n, progress=progress)
         pipeline_s = summary["seconds"]["pipeline"]
         result[f"corpus_traj_per_s_{n}"] = summary["collected"] / pipeline_s if pipeline_s > 0 else 0.0
         result[f"corpus_seconds_{n}"] = summary["seconds"]
@@ -98,27 +109,23 @@ def corpus_throughput(scenes: str, per_scene: int, policy: str, workers: list[in
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
-def small_memory(root: Path, scenes: str, per_scene: int, overrides: list[str]) -> tuple[str, str]:
+def small_memory(root: Path, scenes: str, per_scene: int, settings: Settings) -> tuple[str, str]:
     """A small real memory for retrieval: oracle walks of ``scenes`` converted and grouped into a
     store, and an *untrained* encoder folder (architecture + MiniLM node encoder, seed 0) whose
     embeddings are written to every chunk. Returns ``(store URI, model folder)``."""
-    from trajrag.cli.corpus import build_corpus
-    from trajrag.encoder import load_config
-    from trajrag.encoder.evaluate import embed_store
     from trajrag.encoder.model import build_model, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
     store, model_dir = str(root / "memory"), str(root / "model")
-    build_corpus(scenes, per_scene, "oracle", store, overrides=overrides, progress=False)
-    cfg = load_config(overrides)
+    build_corpus(scenes, per_scene, "oracle", store, settings, progress=False)
+    cfg = settings.encoder
     node_encoder = NodeEncoder(cfg.node)
     save_model_dir(model_dir, build_model(cfg.model, node_encoder.dim, seed=0), cfg.model,
                    node_encoder.info(), extra={"seed": 0, "train_scenes": []})
-    embed_store(store, model_dir, overrides, node_encoder=node_encoder)
+    embed_store(store, model_dir, cfg, node_encoder=node_encoder)
     return store, model_dir
 
 
-def eval_throughput(planner: str, scenes: list, episodes: list, workers: list[int], overrides: list[str],
+def eval_throughput(planner: str, scenes: list, episodes: list, workers: list[int], settings: Settings,
                     progress: bool = False) -> dict:
     """``eval_episodes_per_h_<n>`` for each evaluator count ``n`` (fresh output folders), plus
     the Serve latency the evaluators saw and per-core costs."""
@@ -127,7 +134,7 @@ def eval_throughput(planner: str, scenes: list, episodes: list, workers: list[in
     result: dict = {}
     for n in workers:
         with tempfile.TemporaryDirectory(prefix="trajrag-bench-eval-") as tmp:
-            summary = evaluate_ray(f"bench-x{n}", planner, scenes, episodes, tmp, overrides, workers=n,
+            summary = evaluate_ray(f"bench-x{n}", planner, scenes, episodes, tmp, settings, workers=n,
                                    progress=progress)
         result[f"eval_episodes_per_h_{n}"] = summary["episodes_per_h"]
         result[f"eval_seconds_{n}"] = summary["seconds"]
@@ -151,29 +158,20 @@ class RecordingPlanner:
         self.inner.reset(goal, seed)
 
     def choose(self, ctx) -> int:
-        from trajrag.distributed.serve_planner import decision_request
-
         self.requests.append(decision_request(ctx, self.value))
         return self.inner.choose(ctx)
 
 
-def record_decisions(scenes: list, episodes: list, overrides: list[str], at_least: int = 5) -> list[dict]:
+def record_decisions(scenes: list, episodes: list, settings: Settings, at_least: int = 5) -> list[dict]:
     """Decision requests of nearest-frontier walks of the benchmark episodes, in order, until at
     least ``at_least`` decisions were recorded (realistic candidate payloads for the replay)."""
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.frontier import NearestFrontierPlanner
-    from trajrag.planners.frontier_value import load_value_model
-    from trajrag.world.sim import GridSimulator
-
-    sim_cfg = config.load("sim", overrides)
-    value = load_value_model(config.load("scoring", overrides).value_model, overrides)
-    planner = RecordingPlanner(NearestFrontierPlanner(config.load("navigator", overrides).frontier_hysteresis_m),
-                               value)
-    agent = make_navigator(planner, sim_cfg, overrides)
-    sim, by_name = GridSimulator(sim_cfg), {s.name: s for s in scenes}
+    scoring, navigator = settings.scoring, settings.navigator
+    value = load_value_model(scoring.value_model, navigator.vocabulary, scoring)
+    planner = RecordingPlanner(NearestFrontierPlanner(navigator.frontier_hysteresis_m), value)
+    agent = make_navigator(planner, settings)
+    sim, by_name = GridSimulator(settings.sim), {s.name: s for s in scenes}
     for episode in episodes:
-        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=config.load("episodes", overrides))
+        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=settings.episodes)
         if len(planner.requests) >= at_least:
             break
     return planner.requests
@@ -201,7 +199,7 @@ SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
                   ("serve", []))
 
 
-def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[str]) -> dict:
+def serve_comparison(requests: list[dict], warmup: list[dict], settings: Settings) -> dict:
     """The Serve latency (``latency_split``) of the planner app as configured (``serve_*``) and,
     in the same run, of the same app with ``retrieval.query_cache=0`` (``serve_reference_*``:
     every decision computed afresh, the path before the caches) and with the retriever inside the
@@ -213,8 +211,7 @@ def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[s
     cache), after the unmeasured ``warmup`` requests."""
     from ray import serve
 
-    from trajrag.distributed.evaluate import load_job_config
-    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
+    from trajrag.distributed.evaluate import job_config
 
     if not requests:
         raise RuntimeError("no decision was recorded: the benchmark episodes never reached a decision")
@@ -224,7 +221,8 @@ def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[s
     apps, ours = {}, []
     try:
         for prefix, extra in SERVE_VARIANTS:
-            app, deployed = deploy_planner_app([*overrides, *extra], load_job_config([*overrides, *extra]).serve)
+            variant = settings.with_overrides(extra)
+            app, deployed = deploy_planner_app(variant, job_config(variant.eval_job).serve)
             apps[prefix] = serve.get_app_handle(app)
             ours += [app] if deployed else []
         for request in warmup:
@@ -247,17 +245,17 @@ def serve_comparison(requests: list[dict], warmup: list[dict], overrides: list[s
     return result
 
 
-def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[str], progress: bool) -> dict:
-    """The evaluation throughput and the Serve latency on one memory (given or built small)."""
-    from trajrag.distributed.evaluate import load_job_config
-    from trajrag.distributed.serve_planner import delete_planner_app, deploy_planner_app
-    from trajrag.world.datasets import load_episodes, load_scenes
+def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, settings: Settings, progress: bool) -> dict:
+    """The evaluation throughput and the Serve latency on one memory (given or built small), the
+    bench's own overrides beneath ``settings``' own."""
+    from trajrag.distributed.evaluate import job_config
 
     memory_scenes = cfg.quick_eval_memory_scenes if quick else cfg.eval_memory_scenes
     memory_per_scene = cfg.quick_eval_memory_episodes_per_scene if quick else cfg.eval_memory_episodes_per_scene
     scene_spec = cfg.quick_eval_scenes if quick else cfg.eval_scenes
     episode_spec = cfg.quick_eval_episodes if quick else cfg.eval_episodes
-    overrides = [*cfg.eval_overrides, *(cfg.quick_eval_overrides if quick else []), *user_overrides]
+    evaluated = settings.with_overrides([*cfg.eval_overrides, *(cfg.quick_eval_overrides if quick else [])],
+                                        beneath=True)
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="trajrag-bench-memory-") as tmp:
         started = time.perf_counter()
@@ -266,50 +264,50 @@ def eval_and_serve(cfg: PipelineBenchConfig, quick: bool, user_overrides: list[s
         else:
             memory_overrides = [*cfg.eval_memory_overrides, *(cfg.quick_overrides if quick else [])]
             store, model = small_memory(Path(tmp), memory_scenes, memory_per_scene,
-                                        [*memory_overrides, *user_overrides])
+                                        settings.with_overrides(memory_overrides, beneath=True))
         result["eval_memory_build_s"] = time.perf_counter() - started
-        overrides = [f"retrieval.store={store}", f"retrieval.model_dir={model}", *overrides]
-        scenes = load_scenes(scene_spec, overrides)
-        episodes = load_episodes(episode_spec, scenes, overrides)
+        evaluated = evaluated.with_values({"retrieval.store": store, "retrieval.model_dir": model}, beneath=True)
+        scenes = load_scenes(scene_spec, evaluated)
+        episodes = load_episodes(episode_spec, scenes, evaluated)
         if cfg.eval_workers:
             started = time.perf_counter()
-            app, deployed = deploy_planner_app(overrides, load_job_config(overrides).serve)
+            app, deployed = deploy_planner_app(evaluated, job_config(evaluated.eval_job).serve)
             result["serve_deploy_s"] = time.perf_counter() - started
-            result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), overrides, progress))
+            result.update(eval_throughput(cfg.eval_planner, scenes, episodes, list(cfg.eval_workers), evaluated,
+                                          progress))
             if deployed:  # the replay deploys its own, one app at a time
                 delete_planner_app(app)
         n = cfg.quick_serve_requests if quick else cfg.serve_requests
         # Warm-up requests recorded after the measured ones (the last ones again if too few).
-        requests = record_decisions(scenes, episodes, overrides, at_least=n + cfg.serve_warmup)
+        requests = record_decisions(scenes, episodes, evaluated, at_least=n + cfg.serve_warmup)
         warmup = requests[n:] or requests[-cfg.serve_warmup:]
-        result.update(serve_comparison(requests[:n], warmup[:cfg.serve_warmup], overrides))
+        result.update(serve_comparison(requests[:n], warmup[:cfg.serve_warmup], evaluated))
     result.update(eval_scenes=scene_spec, eval_episodes_spec=episode_spec, eval_planner=cfg.eval_planner)
     return result
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """One JSON object: ``corpus_traj_per_s_1/_2``, ``eval_episodes_per_h_1/_2``,
     ``serve_ms_p50``, ``serve_ms_p99`` and details."""
-    from trajrag.ray_cluster import ensure_ray
-    from trajrag.distributed.evaluate import cpus_needed, load_job_config
+    from trajrag.distributed.evaluate import cpus_needed, job_config
 
-    cfg: PipelineBenchConfig = config.load("pipeline_bench", args.overrides)
+    cfg = settings.pipeline_bench
     if args.quick:
         scenes, per_scene, policy = cfg.quick_scenes, cfg.quick_episodes_per_scene, cfg.quick_policy
-        overrides = list(cfg.quick_overrides) + list(args.overrides)
+        corpus = settings.with_overrides(cfg.quick_overrides, beneath=True)
     else:
         scenes, per_scene, policy = cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy
-        overrides = list(args.overrides)
+        corpus = settings
     # One Ray for all runs, with logical CPUs for the largest corpus run, the largest evaluation
     # (its evaluators + the Serve replicas) and the Serve replay's apps.
-    job = load_job_config(args.overrides, max(cfg.eval_workers, default=1))
+    job = job_config(settings.eval_job, max(cfg.eval_workers, default=1))
     served = cpus_needed(job, True)
     replay = len(SERVE_VARIANTS) * (served - cpus_needed(job, False))  # the compared apps, all at once
     own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(max(served, replay))))
     try:
-        result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), overrides,
+        result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), corpus,
                                    progress=not args.json)
-        result.update(eval_and_serve(cfg, args.quick, list(args.overrides), progress=not args.json))
+        result.update(eval_and_serve(cfg, args.quick, settings, progress=not args.json))
     finally:
         if own_ray:
             import ray

@@ -1,7 +1,7 @@
 """``trajrag bench scale --chunks N``: the fine stage's ANN search on a LanceDB store of N chunks.
 
 1. **Source chunks** ("real ones"): the chunks of ``scale_bench.source_store``, or, when it is
-   empty, a small corpus collected on the fly (``cli.corpus.build_corpus``: procedural homes,
+   empty, a small corpus collected on the fly (``agent.corpus.build_corpus``: procedural homes,
    the collectors' real pipeline). Embeddings: the stored ones when every source chunk has one,
    else computed by a freshly initialised (untrained) trajectory encoder (``encoder.model``:
    ``build_model`` saved with ``save_model_dir``, applied through ``TrajectoryEncoder``); the
@@ -48,9 +48,21 @@ from typing import Any
 
 import numpy as np
 
-from trajrag import config
+from trajrag.agent.corpus import build_corpus
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
 from trajrag.bench import work_dir
-from trajrag.retrieval.ann import AnnConfig
+from trajrag.config import Settings
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.errors import UserError
+from trajrag.memory.store import CHUNKS, MAP_COLUMNS, Batch, MemoryStore, chunk_schema
+from trajrag.planners.scoring import ScoringPlanner
+from trajrag.retrieval.ann import AnnConfig, LanceChunkSearch, build_indexes
+from trajrag.retrieval.retriever import ExactChunkSearch, Retriever
+from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.topo.trajectory import TopoPolarTrajectory
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
 
 N_SECTORS = 12
 # recall@k and the results per query: the issue asks for recall@10.
@@ -141,15 +153,11 @@ class Source:
 
 def _read_source(store_uri: str) -> tuple[Any, dict, dict[int, str]]:
     """Chunks table (Arrow) and vocabulary of a memory store."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
     store = MemoryStore(store_uri, read_only=True)
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "n_nodes", "node_xy", "sectors",
                                 "edges", "reference_yaw", "description", "embedding",
                                 "encoder_version", "policy", "success"])
     if table.num_rows == 0:
-        from trajrag.cli import UserError
-
         raise UserError(f"scale_bench.source_store {store_uri}: the store has no chunks")
     names = {label: name for name, label in store.vocabulary().items()}
     return table, {"groups": store.count_groups()}, names
@@ -167,37 +175,32 @@ def _ragged(table: Any) -> Ragged:
     return Ragged(counts, xy.reshape(-1, 2), sectors.reshape(-1, N_SECTORS), edge_counts, edges)
 
 
-def _build_source_corpus(cfg: ScaleBenchConfig, folder: str, progress: bool) -> str:
-    """A small real corpus (the `trajrag corpus build` code path) in ``folder``; its URI."""
-    from trajrag.cli.corpus import build_corpus
-
+def _build_source_corpus(cfg: ScaleBenchConfig, folder: str, settings: Settings, progress: bool) -> str:
+    """A small real corpus (the `trajrag corpus build` code path) in ``folder``, with
+    ``scale_bench.source_overrides`` beneath the settings' own; its URI."""
     uri = os.path.join(folder, "source")
     build_corpus(cfg.source_scenes, cfg.source_episodes_per_scene, cfg.source_policy, uri,
-                 list(cfg.source_overrides), progress=progress)
+                 settings.with_overrides(cfg.source_overrides, beneath=True), progress=progress)
     return uri
 
 
-def _untrained_encoder(nodes: Ragged, names: dict[int, str], folder: str, seed: int,
-                       overrides: list[str]) -> Any:
-    """A freshly initialised trajectory encoder saved to ``folder`` and loaded as a
-    ``TrajectoryEncoder`` (so retrieval can use it); input standardisation from the source nodes."""
-    from trajrag.encoder import load_config
+def _untrained_encoder(nodes: Ragged, names: dict[int, str], folder: str, seed: int, enc_cfg: Any) -> Any:
+    """A freshly initialised trajectory encoder (``enc_cfg``: the ``encoder`` section) saved to
+    ``folder`` and loaded as a ``TrajectoryEncoder`` (so retrieval can use it); input
+    standardisation from the source nodes."""
     from trajrag.encoder.model import TrajectoryEncoder, build_model, input_norm, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
-    enc_cfg = load_config(overrides)
     node_encoder = NodeEncoder(enc_cfg.node)
     norm = input_norm(node_encoder.encode_nodes(nodes.sectors, names))
     model = build_model(enc_cfg.model, node_encoder.dim, seed, norm)
     save_model_dir(folder, model, enc_cfg.model, node_encoder.info(),
                    extra={"seed": seed, "train_scenes": [], "untrained": True})
-    return TrajectoryEncoder(folder, node_encoder=node_encoder,
-                             batch_size=enc_cfg.eval.encode_batch, node_cfg=enc_cfg.node)
+    return TrajectoryEncoder(folder, enc_cfg, node_encoder=node_encoder)
 
 
-def load_source(cfg: ScaleBenchConfig, work: str, overrides: list[str], progress: bool) -> Source:
+def load_source(cfg: ScaleBenchConfig, work: str, settings: Settings, progress: bool) -> Source:
     """The source chunks with unit float32 embeddings (stored ones, or the untrained encoder's)."""
-    uri = cfg.source_store or _build_source_corpus(cfg, work, progress)
+    uri = cfg.source_store or _build_source_corpus(cfg, work, settings, progress)
     table, info, names = _read_source(uri)
     nodes = _ragged(table)
     versions = table.column("encoder_version").to_pylist()
@@ -210,15 +213,14 @@ def load_source(cfg: ScaleBenchConfig, work: str, overrides: list[str], progress
         if model_dir:
             from trajrag.encoder.model import TrajectoryEncoder
 
-            encoder = TrajectoryEncoder(model_dir)
+            encoder = TrajectoryEncoder(model_dir, settings.encoder)
     else:
         if model_dir:
             from trajrag.encoder.model import TrajectoryEncoder
 
-            encoder, embedding_source = TrajectoryEncoder(model_dir), f"trained encoder {model_dir}"
+            encoder, embedding_source = TrajectoryEncoder(model_dir, settings.encoder), f"trained encoder {model_dir}"
         else:
-            encoder = _untrained_encoder(nodes, names, os.path.join(work, "encoder"), cfg.seed,
-                                         overrides)
+            encoder = _untrained_encoder(nodes, names, os.path.join(work, "encoder"), cfg.seed, settings.encoder)
             embedding_source = f"untrained encoder (freshly initialised, seed {cfg.seed})"
         version = encoder.version
         sequences = [nodes.item(i)[1] for i in range(len(nodes.counts))]
@@ -320,8 +322,6 @@ def chunk_batch(src: Source, groups: Groups, group_of: np.ndarray, first_id: int
     """An Arrow table of member chunks (one per entry of ``group_of``) in the chunks schema."""
     import pyarrow as pa
 
-    from trajrag.memory.store import MAP_COLUMNS
-
     n = len(group_of)
     nodes, theta, shift = perturb_nodes(groups.nodes, group_of, rng, jitter_m=cfg.jitter_m,
                                         labels_changed=cfg.labels_changed,
@@ -385,9 +385,6 @@ def fill_store(store: Any, src: Source, n_chunks: int, cfg: ScaleBenchConfig,
     """Write summaries, vocabulary and ``n_chunks`` member chunks; returns the groups and each
     chunk's group (in id order)."""
     from tqdm import tqdm
-
-    from trajrag.memory.store import CHUNKS, Batch, chunk_schema
-    from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
 
     n_groups = max(1, round(n_chunks / cfg.chunks_per_group))
     label_choices = np.array([FREE, OBSTACLE, UNKNOWN, *sorted(src.names)], dtype=np.int16)
@@ -474,8 +471,6 @@ def measure_unfiltered(ann: Any, exact: Any, embeddings: np.ndarray, cfg: ScaleB
 def _candidate(groups: Groups, group: int, src: Source, categories: tuple[str, ...], goal: str,
                cfg: ScaleBenchConfig, rng: np.random.Generator, label_choices: np.ndarray) -> Any:
     """A hypothetical candidate trajectory: a moved, jittered, relabelled copy of a group summary."""
-    from trajrag.topo.trajectory import TopoPolarTrajectory
-
     nodes, theta, _ = perturb_nodes(groups.nodes, np.array([group]), rng, jitter_m=cfg.jitter_m,
                                     labels_changed=cfg.labels_changed, label_choices=label_choices,
                                     move=True, frame_offset_m=cfg.frame_offset_m)
@@ -485,23 +480,18 @@ def _candidate(groups: Groups, group: int, src: Source, categories: tuple[str, .
 
 
 def measure_retriever(store: Any, src: Source, groups: Groups, ann_cfg: AnnConfig,
-                      cfg: ScaleBenchConfig, overrides: list[str], rng: np.random.Generator) -> dict:
+                      cfg: ScaleBenchConfig, settings: Settings, rng: np.random.Generator) -> dict:
     """Whole decisions through ``Retriever`` (coarse + fine on ``LanceChunkSearch``)."""
-    from trajrag.memory.store import CHUNKS
-    from trajrag.retrieval.ann import LanceChunkSearch
-    from trajrag.retrieval.retriever import Retriever
-    from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
-
     if src.encoder is None:
         return {"retriever_skipped": "the source store's embeddings need their encoder: set "
                                      "scale_bench.model_dir"}
     # The retriever numbers rows in the order it reads the chunks table: the same read here.
     ids = store.read(CHUNKS, ["trajectory_id"]).column("trajectory_id").to_pylist()
     search = LanceChunkSearch(store, ids, ann_cfg)
-    retrieval_cfg = config.load("retrieval", overrides)
+    retrieval_cfg = settings.retrieval
     start = time.perf_counter()
     retriever = Retriever(store, replace(retrieval_cfg, store=store.uri, coarse=True),
-                          config.load("memory", overrides), encoder=src.encoder, search=search)
+                          settings.memory, encoder=src.encoder, search=search)
     load_s = time.perf_counter() - start
     if list(retriever.ids) != ids:
         raise RuntimeError("the retriever numbered the chunks differently from the bench's read")
@@ -531,25 +521,18 @@ def _folder_bytes(path: str) -> int:
 
 def _read_embeddings(store: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Row order, unit embeddings (N, D) float32 and stored group of every chunk."""
-    from trajrag.memory.store import CHUNKS
-
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "embedding"])
     z = np.asarray(table.column("embedding").combine_chunks().flatten().to_numpy(), np.float32)
     return (table.column("trajectory_id").to_pylist(), z.reshape(table.num_rows, -1),
             np.asarray(table.column("group_id").to_numpy(), np.int64))
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Build the store, index it, measure; returns the JSON-able results."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
-    overrides = list(getattr(args, "overrides", []) or [])
-    cfg: ScaleBenchConfig = config.load("scale_bench", overrides)
+    cfg = settings.scale_bench
     quick = bool(getattr(args, "quick", False))
     n_chunks = int(getattr(args, "chunks", None) or (cfg.quick_chunks if quick else cfg.chunks))
     if n_chunks < 1:
-        from trajrag.cli import UserError
-
         raise UserError(f"--chunks must be >= 1, got {n_chunks}")
     progress = not getattr(args, "json", False)
     rng = np.random.default_rng(cfg.seed)
@@ -558,7 +541,7 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"chunks_requested": n_chunks}
     try:
         start = time.perf_counter()
-        src = load_source(cfg, work, overrides, progress)
+        src = load_source(cfg, work, settings, progress)
         out.update(source_chunks=len(src.goal), source_groups=src.groups, source_store=src.store,
                    embedding_source=src.embedding_source, embedding_dim=int(src.embedding.shape[1]),
                    source_s=round(time.perf_counter() - start, 2))
@@ -570,24 +553,20 @@ def run(args: argparse.Namespace) -> dict:
         store.compact(keep_versions=1)
         out["compact_s"] = round(time.perf_counter() - start, 2)
         if cfg.lancedb:
-            out.update(measure_lancedb(store, store_uri, src, groups, cfg, overrides, rng, progress))
+            out.update(measure_lancedb(store, store_uri, src, groups, cfg, settings, rng, progress))
         else:
             out.update(chunks=store.count(CHUNKS), groups=store.count_groups())
         if cfg.retriever and src.encoder is not None and cfg.navigation_episodes:
-            out.update(measure_navigation(store, src, cfg, overrides))
+            out.update(measure_navigation(store, src, cfg, settings))
     finally:
         shutil.rmtree(work, ignore_errors=True)  # a store_dir outside it stays
     return out
 
 
 def measure_lancedb(store: Any, store_uri: str, src: Source, groups: Groups, cfg: ScaleBenchConfig,
-                    overrides: list[str], rng: np.random.Generator, progress: bool) -> dict:
+                    settings: Settings, rng: np.random.Generator, progress: bool) -> dict:
     """Steps 3-5 of the module docstring: the indexes, the fine stage's searches and whole
     decisions through the retriever on LanceDB."""
-    from trajrag.memory.store import CHUNKS
-    from trajrag.retrieval.ann import LanceChunkSearch, build_indexes
-    from trajrag.retrieval.retriever import ExactChunkSearch
-
     out: dict = {}
     if progress:
         print(f"[bench scale] {store.count(CHUNKS)} chunks written; building the IVF_PQ index", file=sys.stderr)
@@ -630,21 +609,21 @@ def measure_lancedb(store: Any, store_uri: str, src: Source, groups: Groups, cfg
                unfiltered_exact_ms_p50=unfiltered["unfiltered_exact_ms_p50"])
     del exact, embeddings
     if cfg.retriever:
-        out.update(_retriever_or_reason(store, src, groups, cfg, overrides, rng))
+        out.update(_retriever_or_reason(store, src, groups, cfg, settings, rng))
     return out
 
 
 def _retriever_or_reason(store: Any, src: Source, groups: Groups, cfg: ScaleBenchConfig,
-                         overrides: list[str], rng: np.random.Generator) -> dict:
+                         settings: Settings, rng: np.random.Generator) -> dict:
     """The retriever's figures, or why they are missing (its API is still being written)."""
     try:
         from trajrag.retrieval.retriever import Retriever  # noqa: F401
     except ImportError as exc:
         return {"retriever_skipped": f"trajrag.retrieval.retriever.Retriever not importable: {exc}"}
-    return measure_retriever(store, src, groups, cfg.ann, cfg, overrides, rng)
+    return measure_retriever(store, src, groups, cfg.ann, cfg, settings, rng)
 
 
-def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides: list[str]) -> dict:
+def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, settings: Settings) -> dict:
     """Every decision of real navigation episodes (procedural val homes, the TrajRAG planner)
     retrieving from the scaled store with the retriever's default backend (exact, in memory):
     candidates as a navigator makes them, whose walked part repeats from one decision to the
@@ -657,28 +636,20 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides
     both see the same load. ``navigation_same_chunks``:
     both retrieved the same chunks in the same order for every candidate;
     ``navigation_max_similarity_diff``: the largest cosine difference (float32 rounding)."""
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.scoring import ScoringPlanner
-    from trajrag.retrieval.retriever import Retriever
-    from trajrag.world.datasets import load_episodes, load_scenes
-    from trajrag.world.sim import GridSimulator
-
-    nav_overrides = [*cfg.navigation_overrides, *overrides]
-    retrieval_cfg = replace(config.load("retrieval", nav_overrides), store=store.uri)
-    memory_cfg = config.load("memory", nav_overrides)
+    nav = settings.with_overrides(cfg.navigation_overrides, beneath=True)
+    retrieval_cfg = replace(nav.retrieval, store=store.uri)
+    memory_cfg = nav.memory
     start = time.perf_counter()
     retriever = Retriever(store, retrieval_cfg, memory_cfg, encoder=src.encoder)
     load_s = time.perf_counter() - start
     reference = Retriever(store, replace(retrieval_cfg, query_cache=0), memory_cfg, encoder=src.encoder)
-    sim_cfg = config.load("sim", nav_overrides)
-    sim = GridSimulator(sim_cfg)
-    scenes = load_scenes(cfg.navigation_scenes, nav_overrides)
-    episodes = load_episodes(cfg.navigation_episodes, scenes, nav_overrides)
+    sim = GridSimulator(nav.sim)
+    scenes = load_scenes(cfg.navigation_scenes, nav)
+    episodes = load_episodes(cfg.navigation_episodes, scenes, nav)
     by_name = {scene.name: scene for scene in scenes}
     recorded: list[tuple] = []
-    planner = ScoringPlanner(retriever, config.load("scoring", nav_overrides))
-    agent = make_navigator(planner, sim_cfg, nav_overrides)
+    planner = ScoringPlanner(retriever, nav.scoring)
+    agent = make_navigator(planner, nav)
     retrieve = retriever.retrieve
 
     def recording(trajectories, goal, place=None):
@@ -687,7 +658,7 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, overrides
 
     retriever.retrieve = recording
     for episode in episodes:
-        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=config.load("episodes", nav_overrides))
+        run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=nav.episodes)
     retriever.retrieve = retrieve
     retriever.clear_caches()
     times: dict[str, dict[str, list[float]]] = {"": {}, "reference_": {}}

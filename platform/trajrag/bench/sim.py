@@ -2,8 +2,8 @@
 
 A step is one ``GridSimulator.step`` (motion + collision check + rendering) on a random walk:
 mostly MOVE_FORWARD, some turns, and a turn after every collision. The scene is the first
-procedural training home (``trajrag.world.procedural``), or a hand-built 12 m x 12 m flat with
-four rooms and a few objects when the procedural generator is not available.
+procedural training home (``trajrag.world.procedural``); ``hand_built_flat`` is a 12 m x 12 m
+flat with four rooms and a few objects for tests that need no generator.
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ import argparse
 import contextlib
 import os
 import time
+from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 from scipy.ndimage import binary_erosion
 
-from trajrag import config as config_mod
+from trajrag.config import Settings
 from trajrag.world.frames import Pose2D
 from trajrag.world.interface import Action
+from trajrag.world.procedural import ProceduralConfig, procedural_scenes
 from trajrag.world.scene import NO_CATEGORY, Scene
-from trajrag.world.sim import GridSimulator
+from trajrag.world.sim import GridSimulator, SimConfig
 
 # Random-walk action mix (a rough ObjectNav action histogram: mostly forward).
 _WALK_P = {Action.MOVE_FORWARD: 0.7, Action.TURN_LEFT: 0.15, Action.TURN_RIGHT: 0.15}
@@ -48,13 +50,8 @@ def one_core() -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def bench_scene() -> Scene:
-    """The benchmark scene: procedural training home 0, else ``hand_built_flat()``."""
-    try:
-        from trajrag.world.procedural import procedural_scenes
-        cfg = config_mod.load("procedural")
-    except (ImportError, config_mod.ConfigError):
-        return hand_built_flat()
+def bench_scene(cfg: ProceduralConfig) -> Scene:
+    """The benchmark scene: procedural training home 0 (``cfg``: the ``procedural`` section)."""
     return procedural_scenes("train", 1, cfg)[0]
 
 
@@ -91,13 +88,10 @@ def _start_pose(scene: Scene, rng: np.random.Generator) -> Pose2D:
     return Pose2D(float(xy[0]), float(xy[1]), float(rng.uniform(-np.pi, np.pi)))
 
 
-def measure_steps_per_s(width: int, height: int, n_steps: int,
-                        sensors: Sequence[str] = ("depth", "semantic"),
-                        scene: Optional[Scene] = None, overrides: Sequence[str] = (),
-                        seed: int = 0, clock: str = "wall") -> float:
-    """Simulator steps per second at ``width`` x ``height`` pixels on one CPU core.
-
-    ``overrides`` are ``sim.key=value`` strings applied before the size and sensors.
+def measure_steps_per_s(width: int, height: int, n_steps: int, scene: Scene, sim_cfg: SimConfig,
+                        sensors: Sequence[str] = ("depth", "semantic"), seed: int = 0, clock: str = "wall") -> float:
+    """Simulator steps per second at ``width`` x ``height`` pixels on one CPU core in ``scene``,
+    the simulator the ``sim`` section ``sim_cfg`` with that size and ``sensors``.
     ``clock``: "wall" (elapsed time) or "cpu" (this process's CPU time, which leaves out time
     lost to other processes on a shared machine).
     """
@@ -106,9 +100,7 @@ def measure_steps_per_s(width: int, height: int, n_steps: int,
     timer = {"wall": time.perf_counter, "cpu": time.process_time}.get(clock)
     if timer is None:
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
-    cfg = config_mod.load("sim", list(overrides) + [f"sim.width={width}", f"sim.height={height}",
-                                                     f"sim.sensors=[{','.join(sensors)}]"])
-    scene = scene if scene is not None else bench_scene()
+    cfg = replace(sim_cfg, width=width, height=height, sensors=list(sensors))
     rng = np.random.default_rng(seed)
     actions = rng.choice(list(_WALK_P), size=n_steps + _WARMUP_STEPS, p=list(_WALK_P.values()))
     sim = GridSimulator(cfg)
@@ -123,20 +115,19 @@ def measure_steps_per_s(width: int, height: int, n_steps: int,
     return n_steps / elapsed
 
 
-def run(args: argparse.Namespace, scene: Optional[Scene] = None, suffix: str = "") -> dict:
+def run(args: argparse.Namespace, settings: Settings, scene: Optional[Scene] = None, suffix: str = "") -> dict:
     """The ``sim`` bench: steps/s at 640x480 and 160x120 (depth + semantic), one core, on ``scene``
-    (default ``bench_scene()``); ``suffix`` ends every key (a second scene's figures beside the first).
+    (default ``bench_scene``); ``suffix`` ends every key (a second scene's figures beside the first).
 
     ``steps_per_s_WxH`` is wall-clock; ``cpu_steps_per_s_WxH`` counts this process's CPU time
     only (the same on an idle machine; higher when other processes share the core).
     """
     quick = bool(getattr(args, "quick", False))
-    overrides = list(getattr(args, "overrides", None) or [])
     n_steps = _QUICK_STEPS if quick else _FULL_STEPS
-    scene = scene if scene is not None else bench_scene()
+    scene = scene if scene is not None else bench_scene(settings.procedural)
     result: dict = {} if suffix else {"sim_scene": scene.name}
     for w, h in ((640, 480), (160, 120)):
         for prefix, clock in (("", "wall"), ("cpu_", "cpu")):
-            rate = measure_steps_per_s(w, h, n_steps, scene=scene, overrides=overrides, clock=clock)
+            rate = measure_steps_per_s(w, h, n_steps, scene, settings.sim, clock=clock)
             result[f"{prefix}steps_per_s_{w}x{h}{suffix}"] = round(rate, 1)
     return result

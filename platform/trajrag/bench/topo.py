@@ -15,34 +15,32 @@ import time
 
 import numpy as np
 
-from trajrag import config
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.registry import make_frontier_agent
 from trajrag.bench.sim import one_core
+from trajrag.config import Settings
+from trajrag.topo.trajectory import build_topo_polar
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.sim import GridSimulator
 
 _FULL = {"scenes": 4, "episodes_per_scene": 2, "conversion_repeats": 5}
 _QUICK = {"scenes": 1, "episodes_per_scene": 1, "conversion_repeats": 2}
 
 
-def run(args: argparse.Namespace) -> dict:
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.agent.navigator import make_frontier_agent
-    from trajrag.topo.trajectory import build_topo_polar
-    from trajrag.world.datasets import load_episodes, load_scenes
-    from trajrag.world.sim import GridSimulator
-
+def run(args: argparse.Namespace, settings: Settings) -> dict:
     size = _QUICK if args.quick else _FULL
-    overrides = list(args.overrides)
-    sim_cfg = config.load("sim", overrides)
-    scenes = load_scenes(f"procedural:val:{size['scenes']}", overrides)
-    episodes = load_episodes(f"generated:{size['episodes_per_scene']}", scenes, overrides)
+    sim_cfg, episode_cfg = settings.sim, settings.episodes
+    scenes = load_scenes(f"procedural:val:{size['scenes']}", settings)
+    episodes = load_episodes(f"generated:{size['episodes_per_scene']}", scenes, settings)
     by_name = {s.name: s for s in scenes}
     sim = GridSimulator(sim_cfg)
-    agent = make_frontier_agent(sim_cfg, overrides)
+    agent = make_frontier_agent(settings)
     step_ms: list[float] = []
     decision_ms: list[float] = []
     finished = []  # (map, poses, goal, reference yaw) of each episode, for the conversion timing
     with one_core():
         for episode in episodes:
-            run_episode(sim, agent, episode, by_name[episode.scene_key])
+            run_episode(sim, agent, episode, by_name[episode.scene_key], episode_cfg)
             step_ms += agent.stats.step_ms
             decision_ms += agent.stats.decision_ms
             finished.append((agent.builder.map.copy(), np.asarray(agent.builder.poses), episode.object_category,

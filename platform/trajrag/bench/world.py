@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajrag import config
+from trajrag.agent.oracle import oracle_benchmark
+from trajrag.bench import sim
+from trajrag.config import Settings
 from trajrag.world.datasets import load_scenes
 
 
@@ -40,22 +43,19 @@ def _from_repo(spec: str) -> str:
     return str(path if path.is_absolute() else config.config_dir().parent / path)
 
 
-def run(args: argparse.Namespace) -> dict:
-    from trajrag.agent.oracle import oracle_benchmark
-    from trajrag.bench import sim
-
-    cfg: BenchConfig = config.load("bench", args.overrides)
-    result = sim.run(args)
+def run(args: argparse.Namespace, settings: Settings) -> dict:
+    cfg = settings.bench
+    result = sim.run(args, settings)
     per_scene = cfg.quick_episodes_per_scene if args.quick else cfg.oracle_episodes_per_scene
-    procedural = oracle_benchmark(cfg.oracle_procedural_scenes, per_scene, cfg.seed, args.overrides)
+    procedural = oracle_benchmark(cfg.oracle_procedural_scenes, per_scene, cfg.seed, settings)
     per_scene = cfg.quick_episodes_per_scene if args.quick else cfg.oracle_gibson_episodes_per_scene
-    gibson = oracle_benchmark(gibson_scenes_path(cfg), per_scene, cfg.seed, args.overrides)
+    gibson = oracle_benchmark(gibson_scenes_path(cfg), per_scene, cfg.seed, settings)
     mp3d_spec = _from_repo(cfg.mp3d_scenes)
-    largest = max(load_scenes(mp3d_spec, args.overrides), key=lambda scene: int(scene.traversable.sum()))
-    result.update(sim.run(args, scene=largest, suffix="_largest_mp3d"), largest_mp3d_scene=largest.name,
+    largest = max(load_scenes(mp3d_spec, settings), key=lambda scene: int(scene.traversable.sum()))
+    result.update(sim.run(args, settings, scene=largest, suffix="_largest_mp3d"), largest_mp3d_scene=largest.name,
                   largest_mp3d_traversable_m2=round(float(largest.traversable.sum()) * largest.cell_size ** 2, 1))
     per_scene = cfg.quick_episodes_per_scene if args.quick else cfg.oracle_mp3d_episodes_per_scene
-    mp3d = oracle_benchmark(mp3d_spec, per_scene, cfg.seed, args.overrides)
+    mp3d = oracle_benchmark(mp3d_spec, per_scene, cfg.seed, settings)
     result.update(
         oracle_sr=procedural["sr"], oracle_spl=procedural["spl"], oracle_episodes=procedural["episodes"],
         oracle_sr_gibson=gibson["sr"], oracle_spl_gibson=gibson["spl"], oracle_episodes_gibson=gibson["episodes"],

@@ -1,8 +1,9 @@
 """The ``trajrag`` command line: one subcommand module per capability.
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its subcommand
-and sets ``func`` on the parsed namespace. Errors a user can fix (bad files, bad config) exit
-with status 2 and one clear line, never a traceback.
+and sets ``func`` on the parsed namespace. A command with ``--set`` / ``--preset`` finds its whole
+configuration, loaded once, in ``args.settings`` (``apply_presets``) and hands it down. Errors a
+user can fix (bad files, bad config) exit with status 2 and one clear line, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import importlib
 import sys
 from pathlib import Path
 
-from trajrag.config import ConfigError
+from trajrag import config
+from trajrag.errors import ConfigError, UserError
 
 COMMAND_MODULES = (
     "trajrag.cli.run",
@@ -26,13 +28,10 @@ COMMAND_MODULES = (
 )
 
 
-class UserError(Exception):
-    """An error caused by the user's input; printed as one line, exit status 2."""
-
-
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the user's input (bad files, specs, configs): no traceback for these."""
-    from trajrag.agent.evaluate import RecordsError, RunClaimedError, RunSettingsError
+    from trajrag.agent.run_claims import RunClaimedError, RunSettingsError
+    from trajrag.agent.run_records import RecordsError
     from trajrag.agent.value_parts import ValueWalkError
     from trajrag.memory.store import StoreError
     from trajrag.planners.chat import ChatError
@@ -95,17 +94,18 @@ def add_override_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_presets(args: argparse.Namespace) -> None:
-    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones, then check
-    every override (``config.check_overrides``: a section and key that exist, a value of its type).
-    A command only loads the sections it uses, so an unchecked typo would be ignored silently."""
+    """Expand ``--preset`` names into ``args.overrides``, ahead of the ``--set`` ones, check every
+    override (``config.check_overrides``: a section and key that exist, a value of its type; a
+    command reads only the sections it uses, so an unchecked typo would be ignored silently), and
+    make the command's configuration, ``args.settings`` (``config.Settings``): the one the
+    command and everything below it read."""
     if not hasattr(args, "overrides"):  # a command without --set / --preset
         return
-    from trajrag.config import check_overrides, preset_overrides
-
     if getattr(args, "presets", None):
-        args.overrides = preset_overrides(args.presets) + args.overrides
+        args.overrides = config.preset_overrides(args.presets) + args.overrides
         args.presets = []
-    check_overrides(args.overrides)
+    config.check_overrides(args.overrides)
+    args.settings = config.settings(args.overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,8 @@ import json
 from trajrag.cli import add_override_arg, output_folder
 from trajrag.perception.config import SEGMENTERS
 
-# name -> "module:function"; the function takes the parsed args and returns a JSON-able dict.
+# name -> "module:function"; the function takes the parsed args and the command's settings
+# (``args.settings``) and returns a JSON-able dict.
 BENCHES: dict[str, str] = {
     "sim": "trajrag.bench.world:run",
     "topo": "trajrag.bench.topo:run",
@@ -97,6 +98,6 @@ def _run(args: argparse.Namespace) -> int:
         if folder is not None:
             output_folder(folder, option)
     module_name, func_name = BENCHES[args.name].split(":")
-    result = getattr(importlib.import_module(module_name), func_name)(args)
+    result = getattr(importlib.import_module(module_name), func_name)(args, args.settings)
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
     return 0

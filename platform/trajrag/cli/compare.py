@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from trajrag import config
 from trajrag.cli import UserError, output_folder
 
 
@@ -49,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from trajrag.agent.evaluate import compare_runs, json_safe
+    from trajrag.agent.paired import compare_runs
+    from trajrag.agent.run_records import json_safe
 
     runs = [r for r in args.runs.split(",") if r] or None
     if args.pictures is not None and not args.scenes:
@@ -85,11 +87,12 @@ def compare_command(args: argparse.Namespace) -> int:
 
 def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
     """Each run's lost and won episodes as pictures (``--pictures``); run -> its index.md."""
-    from trajrag.agent.evaluate import discordant_pairs, render_pair_png
+    from trajrag.agent.paired import discordant_pairs
+    from trajrag.agent.results_table import render_pair_png
     from trajrag.world.datasets import DatasetError, load_scenes
 
-    try:
-        scenes = {s.name: s for s in load_scenes(args.scenes)}
+    try:  # compare takes no --set: the scenes as configs/*.yaml build them
+        scenes = {s.name: s for s in load_scenes(args.scenes, config.settings())}
     except (DatasetError, OSError, ValueError) as error:
         raise UserError(f"--scenes {args.scenes}: {error}") from error
     folders = [Path(f) for f in args.folders]

@@ -84,8 +84,7 @@ def train_command(args: argparse.Namespace) -> int:
     output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
-        result = train_encoder(args.store, args.out, workers=args.workers,
-                               overrides=args.overrides, log=log)
+        result = train_encoder(args.store, args.out, args.settings.encoder, workers=args.workers, log=log)
     except EncoderError as exc:
         raise _user_error(exc) from None
     last = result.history[-1] if result.history else {}
@@ -102,8 +101,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from trajrag.encoder.evaluate import evaluate_encoder
 
     try:
-        result = evaluate_encoder(args.store, args.model, overrides=args.overrides,
-                                  write=not args.no_write)
+        result = evaluate_encoder(args.store, args.model, args.settings.encoder, write=not args.no_write)
     except EncoderError as exc:
         raise _user_error(exc) from None
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
@@ -117,8 +115,8 @@ def cv_command(args: argparse.Namespace) -> int:
     output_folder(args.out, "--out")
     log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     try:
-        result = cross_validate(args.store, args.out, args.folds, workers=args.workers,
-                                overrides=args.overrides, log=log)
+        result = cross_validate(args.store, args.out, args.folds, args.settings.encoder, workers=args.workers,
+                                log=log)
     except EncoderError as exc:
         raise _user_error(exc) from None
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))

@@ -14,9 +14,9 @@ import math
 import sys
 from collections import defaultdict
 
-from trajrag import config
 from trajrag.agent.goal_visibility import MappabilityCheck, unmappable_goals
 from trajrag.cli import add_override_arg
+from trajrag.config import Settings
 from trajrag.world.sim import GridSimulator
 
 SCENES_HELP = ("a Gibson *_info.pbz2 file (or folder of them), a folder of Matterport3D scans "
@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    mapping_check = None if args.skip_mapping else mappability_check(args.overrides)
-    report = check_dataset(args.scenes, args.episodes, args.overrides, mapping_check)
+    mapping_check = None if args.skip_mapping else mappability_check(args.settings)
+    report = check_dataset(args.scenes, args.episodes, args.settings, mapping_check)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -61,20 +61,20 @@ def check_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def mappability_check(overrides: list[str] | tuple = ()) -> MappabilityCheck:
-    """The goal-mapping check's settings from the configs the agent runs with."""
-    episodes_cfg = config.load("episodes", overrides)
+def mappability_check(settings: Settings) -> MappabilityCheck:
+    """The goal-mapping check's settings from the sections the agent runs with."""
+    episodes_cfg = settings.episodes
     return MappabilityCheck(
-        sim=GridSimulator(config.load("sim", overrides)),
-        mapping=config.load("mapping", overrides),
-        perception=config.load("perception", overrides),
+        sim=GridSimulator(settings.sim),
+        mapping=settings.mapping,
+        perception=settings.perception,
         view_radius_m=episodes_cfg.mappable_view_radius_m,
         max_views=episodes_cfg.mappable_views,
-        enough_cells=config.load("navigator", overrides).goal_min_cells,
+        enough_cells=settings.navigator.goal_min_cells,
     )
 
 
-def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tuple = (),
+def check_dataset(scene_spec: str, episode_spec: str, settings: Settings,
                   mapping_check: MappabilityCheck | None = None) -> dict:
     """The doctor's report as a dict (keys: episodes, starts_traversable, goals_reachable, ...,
     scenes_without_episodes: scene name -> why none was generated or listed there, and with
@@ -87,15 +87,15 @@ def check_dataset(scene_spec: str, episode_spec: str, overrides: list[str] | tup
     from trajrag.world.datasets import load_episodes, validate_episodes, load_scenes
     from trajrag.world.episode_gen import scene_goal_field, why_no_episodes
 
-    scenes = load_scenes(scene_spec, overrides)
+    scenes = load_scenes(scene_spec, settings)
     if not scenes:
         raise UserError(f"no scenes in {scene_spec!r}")
-    episodes = load_episodes(episode_spec, scenes, overrides, strict=False)
+    episodes = load_episodes(episode_spec, scenes, settings, strict=False)
     if not episodes:
         raise UserError(f"no episodes in {episode_spec!r}")
-    validation = validate_episodes(episodes, scenes, overrides=overrides)
+    cfg = settings.episodes
+    validation = validate_episodes(episodes, scenes, cfg.start_floor_tolerance_m)
     bad = {(p.scene_key, p.episode_id) for p in validation.problems}
-    cfg = config.load("episodes", overrides)
     by_name = {scene.name: scene for scene in scenes}
 
     per_category: dict[str, dict] = defaultdict(lambda: {"episodes": 0, "reachable": 0, "geodesic_sum": 0.0})

@@ -3,7 +3,7 @@
 Each (planner, variant) is one *run* labelled ``planner`` or ``planner-variant`` (or ``--label``):
 its per-episode records go to ``<out>/<label>/episodes.jsonl`` (re-running skips finished
 episodes), its summary to ``<out>/<label>/summary.json`` and the settings it was made with (planner,
-``--set`` values, memory and model, and what those held: ``agent.evaluate.run_inputs``) to
+``--set`` values, memory and model, and what those held: ``agent.run_claims.run_inputs``) to
 ``<out>/<label>/run.json``: a resume with other settings, or on a memory, encoder or value that
 changed under the same path, is refused, so one label never mixes two configurations; and while
 a process walks a label, another eval of it stops (``claim_runs``; the shards of one evaluation share it).
@@ -19,11 +19,13 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from trajrag import artefacts
-from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
+from trajrag import artefacts, config
+from trajrag.agent.names import AGENT_NAMES, RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.cli import UserError, add_override_arg, known_homes, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
+from trajrag.config import Settings
 
 
 @dataclass
@@ -47,14 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--scenes", required=True, help=SCENES_HELP)
     parser.add_argument("--episodes", required=True, help=EPISODES_HELP)
     parser.add_argument("--planner", required=True,
-                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, value (the learned "
+                        help="planner name(s), comma-separated: trajrag (retrieval scoring), llm, graphrag, embodied-rag "
+                        "(semantic forest of the home), navprobe (subgoal agenda), value (the learned "
                         "frontier value alone: --set scoring.value_model=VALUE.json), "
                         "frontier (nearest), random, oracle (shortest walk); frontier-oracle ranks the frontiers with the "
                         "simulator's distances to the goal (the ceiling of every frontier-ranking planner, "
                         "configs/audit.yaml)")
     parser.add_argument("--variant", default="", help="retrieval variant(s) from configs/eval.yaml, comma-separated "
                         "(full, no_coarse, te, trajtextrag); applies to retrieving planners")
-    parser.add_argument("--store", default="", help="memory store URI (needed by trajrag, llm and graphrag)")
+    parser.add_argument("--store", default="", help=f"memory store URI (needed by {', '.join(RETRIEVING_AGENTS)})")
     parser.add_argument("--model", default="", help="trained encoder folder or URI (trajrag encoder train --out); the "
                         "store's chunks must hold its embeddings (trajrag encoder eval writes them), or "
                         "--set retrieval.embed_missing=true embeds them in memory at start-up (slow on large stores)")
@@ -88,41 +91,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @dataclass(frozen=True)
 class EvalRun:
-    """One requested run: its label and planner, its variant's overrides, and every override it is
-    walked with (memory and model paths, then the variant's, then the command line's: the last
-    value of a key wins)."""
+    """One requested run: its label and planner, its variant's overrides, and the settings it is
+    walked with (the command's, with the memory and model paths and then the variant's overrides
+    beneath the command line's: the last value of a key wins)."""
 
     label: str
     planner: str
     variant_overrides: list[str]
-    overrides: list[str]
+    settings: Settings
 
 
 def _runs(args: argparse.Namespace, variants: dict[str, list[str]]) -> list[EvalRun]:
     """Each requested run (planners x variants x query kinds)."""
-    from trajrag.agent.registry import AGENTS
-
     planners = [p for p in args.planner.split(",") if p]
     names = [v for v in args.variant.split(",") if v] or [""]
-    unknown = [p for p in planners if p not in AGENTS]
+    unknown = [p for p in planners if p not in AGENT_NAMES]
     if unknown:
-        raise UserError(f"unknown planner(s) {unknown}; known: {sorted(AGENTS)}")
+        raise UserError(f"unknown planner(s) {unknown}; known: {sorted(AGENT_NAMES)}")
     missing = [v for v in names if v and v not in variants]
     if missing:
         raise UserError(f"unknown variant(s) {missing}; known (configs/eval.yaml): {sorted(variants)}")
     for variant in filter(None, names):
         _check_variant(variant, variants[variant])
-    paths = ([f"retrieval.store={args.store}"] if args.store else []) + \
-            ([f"retrieval.model_dir={args.model}"] if args.model else [])
+    paths = {**({"retrieval.store": args.store} if args.store else {}),
+             **({"retrieval.model_dir": args.model} if args.model else {})}
     runs = []
     for planner in planners:
         for variant in (names if planner in RETRIEVING_AGENTS else [""]):
+            variant_overrides = list(variants.get(variant, []))
+            settings = args.settings.with_overrides(variant_overrides, beneath=True).with_values(paths, beneath=True)
             for kind in known_homes.query_kinds(args):
-                suffix, kind_overrides = known_homes.run_variant(kind)
+                suffix, kind_values = known_homes.run_variant(kind)
                 label = (args.label or (f"{planner}-{variant}" if variant else planner)) + suffix
-                variant_overrides = list(variants.get(variant, []))
-                runs.append(EvalRun(label, planner, variant_overrides,
-                                    [*paths, *variant_overrides, *args.overrides, *kind_overrides]))
+                runs.append(EvalRun(label, planner, variant_overrides, settings.with_values(kind_values)))
     if args.label and len(runs) > 1:
         raise UserError("--label names one run: give one planner, at most one variant and one query kind")
     return runs
@@ -133,8 +134,6 @@ def _check_variant(name: str, overrides: list[str]) -> None:
     adds them itself after the command line was checked, and a typo in ``eval.variants`` would
     otherwise change nothing (an unknown section is never loaded) or stop the run once its
     folder is made."""
-    from trajrag import config
-
     try:
         config.check_overrides(overrides)
     except config.ConfigError as exc:
@@ -151,35 +150,36 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from trajrag import config
-    from trajrag.agent.evaluate import claim_runs, evaluate_agent, json_safe, run_settings, write_results_table
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.results_table import write_results_table
+    from trajrag.agent.run_claims import claim_runs, run_settings
+    from trajrag.agent.run_records import json_safe
     from trajrag.agent.registry import make_agent
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
-    cfg: EvalConfig = config.load("eval", args.overrides)
-    known_homes.apply_revisit(args)
-    runs = _runs(args, cfg.variants)
+    args.settings = known_homes.apply_revisit(args)
+    settings = args.settings
+    runs = _runs(args, settings.eval.variants)
     _check_options(args, runs)
     ray_job = _ray_job(args) if _distributed(args) else None
     # Everything a user can get wrong is read before the runs are claimed and <out> is made: a
     # typo leaves no folder behind and no run.json that the corrected command must argue with.
-    scenes = load_scenes(args.scenes, args.overrides)
-    episodes = load_episodes(args.episodes, scenes, args.overrides)
-    _check_goals(episodes, runs, args.overrides)
+    scenes = load_scenes(args.scenes, settings)
+    episodes = load_episodes(args.episodes, scenes, settings)
+    _check_goals(episodes, runs, settings.navigator.vocabulary)
     known = known_homes.prepare(args, runs, scenes, episodes)
-    sim_cfg = config.load("sim", args.overrides)
-    episode_cfg = config.load("episodes", args.overrides)
-    sim = GridSimulator(sim_cfg)
-    audit = config.load("audit", args.overrides) if args.audit_decisions else None
+    episode_cfg = settings.episodes
+    sim = GridSimulator(settings.sim)
+    audit = settings.audit if args.audit_decisions else None
     _check_value_models(runs)
     # A URI --out (s3://...): the records are kept in a local copy of it (with the records already
     # there, for resuming) and uploaded when the runs end, also when they fail.
     with artefacts.output_folder(args.out) as out:
-        settings = {r.label: run_settings(r.planner, r.overrides, args.lifelong) for r in runs}
+        recorded = {r.label: run_settings(r.planner, r.settings, args.lifelong) for r in runs}
         # Held until every run is walked; lifelong runs write the store, as a corpus build does.
-        with (claim_runs(out, settings, _records_name(ray_job)),
+        with (claim_runs(out, recorded, _records_name(ray_job)),
               claim_store(args.store, "lifelong evaluation") if args.lifelong and args.store else contextlib.nullcontext()):
             print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {args.out}",
                   file=sys.stderr)
@@ -188,10 +188,9 @@ def _evaluate(args: argparse.Namespace) -> int:
             for run in runs:
                 if run.label in summaries:  # done by the Ray job
                     continue
-                on_episode = _lifelong(run.label, run.planner, run.overrides, out) if args.lifelong else None
-                make_run_agent = known.agent_factory(run.planner, run.overrides,
-                                                     lambda overrides, planner=run.planner:
-                                                     make_agent(planner, sim_cfg, overrides))
+                on_episode = _lifelong(run.label, run.planner, run.settings, out) if args.lifelong else None
+                make_run_agent = known.agent_factory(run.planner, run.settings,
+                                                     lambda settings, planner=run.planner: make_agent(planner, settings))
                 summary = evaluate_agent(run.label, make_run_agent, sim, episodes, scenes, out, episode_cfg,
                                          progress=not args.json, on_episode=on_episode, audit=audit)
                 summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
@@ -217,7 +216,7 @@ def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
     elif args.store and "://" not in args.store and not Path(args.store).is_dir():
         raise UserError(f"--store {args.store}: no memory there: build one with `trajrag corpus build`")
     if any(r.planner in RETRIEVING_AGENTS for r in runs) and not (args.store or args.revisit):
-        raise UserError("planners trajrag, llm and graphrag retrieve from a memory: pass --store PATH "
+        raise UserError(f"planners {', '.join(RETRIEVING_AGENTS)} retrieve from a memory: pass --store PATH "
                         "(or --revisit K: each home's own memory)")
     if args.audit_decisions and (_distributed(args) or any(r.planner == "oracle" for r in runs)):
         raise UserError("--audit-decisions audits frontier decisions of navigator planners in one process: "
@@ -228,13 +227,12 @@ def _check_value_models(runs: list[EvalRun]) -> None:
     """Each run's frontier value model (``scoring.value_model``), read and checked against the
     agent's vocabulary, as its agent will: a small JSON file, so a bad one is named before the
     run is claimed rather than after (``ValueModelError``)."""
-    from trajrag import config
     from trajrag.planners.frontier_value import FrontierValueModel
 
     for run in runs:
-        path = config.load("scoring", run.overrides).value_model if run.planner in VALUE_AGENTS else ""
+        path = run.settings.scoring.value_model if run.planner in VALUE_AGENTS else ""
         if path:
-            FrontierValueModel.load(path).check_vocabulary(config.load("navigator", run.overrides).vocabulary)
+            FrontierValueModel.load(path).check_vocabulary(run.settings.navigator.vocabulary)
 
 
 def _distributed(args: argparse.Namespace) -> bool:
@@ -251,7 +249,7 @@ def _records_name(ray_job: tuple | None) -> str:
 
 def _ray_job(args: argparse.Namespace) -> tuple:
     """The Ray job's ``(shard, job config)``, its options checked (before any run is claimed)."""
-    from trajrag.distributed.evaluate import load_job_config, parse_shard
+    from trajrag.distributed.evaluate import job_config, parse_shard
 
     if args.lifelong:
         raise UserError("--lifelong inserts into the store as episodes finish, in one process: "
@@ -260,7 +258,7 @@ def _ray_job(args: argparse.Namespace) -> tuple:
         shard = parse_shard(args.shard)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    return shard, load_job_config(args.overrides, args.workers)
+    return shard, job_config(args.settings.eval_job, args.workers)
 
 
 def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], scenes, episodes,
@@ -276,33 +274,31 @@ def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], 
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
         for run in runs:
-            summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.overrides,
+            summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.settings,
                                    workers=args.workers, shard=shard, progress=not args.json)
             summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     return summaries
 
 
-def _check_goals(episodes, runs: list[EvalRun], overrides) -> None:
-    """Goal categories the mapping agents cannot look for (not in their open vocabulary) are a
-    user error before anything runs, not a crash in the middle of an evaluation."""
-    from trajrag import config
-
+def _check_goals(episodes, runs: list[EvalRun], vocabulary: Sequence[str]) -> None:
+    """Goal categories the mapping agents cannot look for (not in their open ``vocabulary``,
+    ``navigator.vocabulary``) are a user error before anything runs, not a crash in the middle
+    of an evaluation."""
     if all(r.planner == "oracle" for r in runs):
         return
-    vocabulary = set(config.load("navigator", overrides).vocabulary)
-    unknown = sorted({e.object_category for e in episodes} - vocabulary)
+    unknown = sorted({e.object_category for e in episodes} - set(vocabulary))
     if unknown:
         raise UserError(f"goal categories {unknown} are not in the agent vocabulary: add them to "
                         "navigator.vocabulary (configs/navigator.yaml) or --set navigator.vocabulary=[...]")
 
 
-def _lifelong(label: str, planner: str, overrides: list[str], out: Path):
+def _lifelong(label: str, planner: str, settings: Settings, out: Path):
     from trajrag.planners.scoring import shared_retriever
     from trajrag.retrieval.lifelong import LifelongMemory
 
     if planner not in RETRIEVING_AGENTS:
         raise UserError(f"--lifelong needs a retrieving planner ({', '.join(RETRIEVING_AGENTS)}), got {planner}")
-    return LifelongMemory(shared_retriever(overrides), label, out / label / "lifelong.csv", overrides)
+    return LifelongMemory(shared_retriever(settings), label, out / label / "lifelong.csv", settings.memory)
 
 
 def _all_runs(out: Path) -> dict[str, dict]:

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trajrag import config
-from trajrag.agent.collect import POLICIES
+from trajrag.agent.collect import POLICIES, collector_settings
+from trajrag.agent.corpus import collect_into
 from trajrag.agent.evaluate import write_json
-from trajrag.agent.registry import RETRIEVING_AGENTS
+from trajrag.agent.names import RETRIEVING_AGENTS
 from trajrag.cli import UserError
+from trajrag.config import Settings
 from trajrag.queries import EXPLICIT, IMPLICIT, KINDS, QueryConfig, QueryError
+from trajrag.queries.implicit import ImplicitQueryAgent
 from trajrag.revisit import RevisitConfig, RevisitError
+from trajrag.revisit.agent import PerHomeAgent
+from trajrag.revisit.walks import plan_digest, plan_walks
+from trajrag.world.geodesic import Motion
 
 QUERY_CHOICES = (*KINDS, "both")
 # the label suffix of a run asked implicit queries (its explicit twin keeps the plain label)
@@ -59,22 +65,23 @@ def check_options(args: argparse.Namespace, distributed: bool) -> None:
         raise UserError("--revisit and implicit queries run in one process: drop --workers/--shard/--ray-address")
 
 
-def apply_revisit(args: argparse.Namespace) -> None:
-    """``--revisit K`` as the override ``revisit.walks=K`` (every run's settings, run.json, then
-    record it), and ``args.revisit`` as the walks the configuration asks (``--set revisit.walks``)."""
+def apply_revisit(args: argparse.Namespace) -> Settings:
+    """The command's settings with ``--revisit K`` as ``revisit.walks=K`` (every run's settings,
+    so run.json records it), and ``args.revisit`` as the walks the configuration asks (``--set
+    revisit.walks``)."""
     if args.revisit:
-        args.overrides = [*args.overrides, f"revisit.walks={args.revisit}"]
-    else:
-        args.revisit = config.load("revisit", args.overrides).walks
+        return args.settings.with_values({"revisit.walks": args.revisit})
+    args.revisit = args.settings.revisit.walks
+    return args.settings
 
 
 def query_kinds(args: argparse.Namespace) -> list[str]:
     return list(KINDS) if args.queries == "both" else [args.queries]
 
 
-def run_variant(kind: str) -> tuple[str, list[str]]:
-    """(label suffix, overrides) of a run asked ``kind`` queries."""
-    return (IMPLICIT_SUFFIX, [f"queries.kind={IMPLICIT}"]) if kind == IMPLICIT else ("", [])
+def run_variant(kind: str) -> tuple[str, dict[str, str]]:
+    """(label suffix, setting values) of a run asked ``kind`` queries."""
+    return (IMPLICIT_SUFFIX, {"queries.kind": IMPLICIT}) if kind == IMPLICIT else ("", {})
 
 
 @dataclass
@@ -88,20 +95,17 @@ class KnownHomes:
     memories: Any = None
     report: dict = field(default_factory=dict)
 
-    def agent_factory(self, planner: str, overrides: Sequence[str], make_agent: Callable[[Sequence[str]], Any]):
-        """A function making the run's agent: ``make_agent(overrides)`` with, under --revisit, a
+    def agent_factory(self, planner: str, settings: Settings, make_agent: Callable[[Settings], Any]):
+        """A function making the run's agent: ``make_agent(settings)`` with, under --revisit, a
         retrieving planner's memory being its home's, and implicit runs asked needs."""
-        from trajrag.queries.implicit import ImplicitQueryAgent
-        from trajrag.revisit.agent import PerHomeAgent
-
-        implicit = config.load("queries", overrides).kind == IMPLICIT
+        implicit = settings.queries.kind == IMPLICIT
 
         def make():
             if self.plan is not None and planner in RETRIEVING_AGENTS:
-                agent = PerHomeAgent(lambda home: make_agent([*overrides,
-                                                              f"retrieval.store={self.memories.uri(home)}"]))
+                agent = PerHomeAgent(lambda home: make_agent(
+                    settings.with_values({"retrieval.store": self.memories.uri(home)})))
             else:
-                agent = make_agent(overrides)
+                agent = make_agent(settings)
             return ImplicitQueryAgent(agent, self.implicit) if implicit else agent
         return make
 
@@ -109,28 +113,25 @@ class KnownHomes:
 def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> KnownHomes:
     """Everything the options need that a user can get wrong, checked before any run is claimed:
     the needs of every episode's category (implicit runs), each home's earlier walks (--revisit)."""
-    from trajrag.revisit.walks import plan_walks
-
+    settings = args.settings
     known = KnownHomes()
-    kinds = {config.load("queries", r.overrides).kind for r in runs}
+    kinds = {r.settings.queries.kind for r in runs}
     unknown = sorted(kinds - set(KINDS))
     if unknown:
         raise UserError(f"queries.kind {unknown[0]!r}: choose one of {list(KINDS)}")
     if IMPLICIT in kinds:
-        known.implicit = implicit_queries(config.load("queries", args.overrides),
-                                          config.load("encoder", args.overrides).node,
-                                          config.load("episodes", args.overrides).goal_categories)
+        known.implicit = implicit_queries(settings.queries, settings.encoder.node, settings.episodes.goal_categories)
         try:
             known.implicit.check_categories(sorted({e.object_category for e in episodes}))
         except QueryError as exc:
             raise UserError(str(exc)) from None
-    revisit: RevisitConfig = config.load("revisit", args.overrides)
+    revisit: RevisitConfig = settings.revisit
     if revisit.walks:
         if revisit.policy not in POLICIES:
             raise UserError(f"revisit.policy {revisit.policy!r}: choose one of {list(POLICIES)} (agent/collect.py)")
         try:
             known.plan = plan_walks(scenes, episodes, revisit.walks, revisit.seed, revisit.spare_walks,
-                                    config.load("episodes", args.overrides))
+                                    settings.episodes, Motion.from_sim_config(collector_settings(settings).sim))
         except RevisitError as exc:
             raise UserError(str(exc)) from None
     return known
@@ -149,67 +150,64 @@ def build_memories(known: KnownHomes, args: argparse.Namespace, runs: Sequence[A
     was built otherwise), embedded with ``--model`` where one is given, then the global questions.
     Nothing is built for runs that read no memory, unless the global questions ask."""
     from trajrag.revisit.memories import HomeMemories
-    from trajrag.revisit.walks import plan_digest
 
     if known.plan is None:
         return
     known.memories = HomeMemories(out)
     if not (args.global_questions or any(r.planner in RETRIEVING_AGENTS for r in runs)):
         return
-    revisit: RevisitConfig = config.load("revisit", args.overrides)
-    overrides = [*args.overrides, "corpus.keep_value_decisions=false"]  # no value is fitted on these walks
-    encoder = _trajectory_encoder(args.model)
+    revisit: RevisitConfig = args.settings.revisit
+    walk_settings = args.settings.with_values({"corpus.keep_value_decisions": False})  # no value is fitted on these
+    encoder = _trajectory_encoder(args.model, walk_settings)
     try:
         known.memories.admit({"walks": revisit.walks, "seed": revisit.seed, "policy": revisit.policy,
                               "plan": plan_digest(known.plan),
-                              "memory": config.to_dict(config.load("memory", overrides)),
-                              "corpus": config.to_dict(config.load("corpus", overrides)),
+                              "memory": config.to_dict(walk_settings.memory),
+                              "corpus": config.to_dict(walk_settings.corpus),
                               "encoder_version": encoder.version if encoder else None})
     except RevisitError as exc:
         raise UserError(str(exc)) from None
     print(f"revisit: {revisit.walks} earlier walks in each of {len(known.plan)} homes -> {known.memories.root}",
           file=sys.stderr)
-    built = known.memories.build(known.plan, scenes, _collector(revisit.policy, overrides, args.json),
-                                 _embedder(args.model, overrides, encoder), encoder.version if encoder else None)
+    built = known.memories.build(known.plan, scenes, _collector(revisit.policy, walk_settings, args.json),
+                                 _embedder(args.model, walk_settings, encoder), encoder.version if encoder else None)
     sizes = known.memories.sizes(sorted(built))
     known.report["revisit"] = {"walks_per_home": revisit.walks, "memories": str(known.memories.root),
                                "chunks_per_home": _mean([s["chunks"] for s in sizes.values()]),
                                "groups_per_home": _mean([s["groups"] for s in sizes.values()]),
                                "bytes_per_home": _mean([s["bytes"] for s in sizes.values()])}
     if args.global_questions:
-        known.report["global_questions"] = answer_global_questions(known.memories, scenes, args.overrides)
+        known.report["global_questions"] = answer_global_questions(known.memories, scenes, args.settings)
 
 
-def _trajectory_encoder(model_dir: str):
+def _trajectory_encoder(model_dir: str, settings: Settings):
     from trajrag.encoder.model import TrajectoryEncoder
 
-    return TrajectoryEncoder(model_dir) if model_dir else None
+    return TrajectoryEncoder(model_dir, settings.encoder) if model_dir else None
 
 
-def _collector(policy: str, overrides: Sequence[str], quiet: bool):
-    from trajrag.cli.corpus import collect_into
-
-    return lambda scene, walks, uri: collect_into([scene], walks, policy, uri, overrides,
+def _collector(policy: str, settings: Settings, quiet: bool):
+    return lambda scene, walks, uri: collect_into([scene], walks, policy, uri, settings,
                                                   f"revisit memory of {scene.name}", progress=not quiet)
 
 
-def _embedder(model_dir: str, overrides: Sequence[str], encoder):
+def _embedder(model_dir: str, settings: Settings, encoder):
     from trajrag.encoder.evaluate import embed_store
 
     if encoder is None:
         return None
-    return lambda uri: embed_store(uri, model_dir, overrides, node_encoder=encoder.node_encoder)
+    return lambda uri: embed_store(uri, model_dir, settings.encoder, node_encoder=encoder.node_encoder)
 
 
-def answer_global_questions(memories, scenes, overrides: Sequence[str]) -> dict:
+def answer_global_questions(memories, scenes, settings: Settings) -> dict:
     """Each home's inventory questions answered from its memory and scored (``queries.inventory``),
     written to ``<out>/revisit/global_questions.json``; returns the summary over homes."""
     from trajrag.memory.store import MemoryStore
     from trajrag.queries.inventory import answer_questions, summarize_scores
 
-    queries: QueryConfig = config.load("queries", overrides)
-    vocabulary = config.load("navigator", overrides).vocabulary
-    counted = config.load("episodes", overrides).goal_categories
+    queries: QueryConfig = settings.queries
+    vocabulary = settings.navigator.vocabulary
+    counted = settings.episodes.goal_categories
     homes = []
     for scene in scenes:
         store = MemoryStore(memories.uri(scene.name), read_only=True)

@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from trajrag.agent.registry import RETRIEVING_AGENTS, VALUE_AGENTS
+from trajrag import config
+from trajrag.agent.names import RETRIEVING_AGENTS, VALUE_AGENTS
 from trajrag.cli import UserError, add_override_arg, output_folder
+from trajrag.config import Settings
 from trajrag.file_locks import claim
 
 # Held by the run writing the folder (trajrag.file_locks: dropped when its process ends).
@@ -80,8 +82,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _defaults() -> dict[str, str]:
     """`` = VALUE`` of the run.* keys the options default to, for the help text (empty when
     configs/run.yaml cannot be read: the command itself then says why)."""
-    from trajrag import config
-
     keys = ("scenes", "episodes", "agents", "out")
     try:
         cfg: RunConfig = config.load("run")
@@ -93,9 +93,7 @@ def _defaults() -> dict[str, str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from trajrag import config
-
-    cfg: RunConfig = config.load("run", args.overrides)
+    cfg: RunConfig = args.settings.run
     try:  # run.overrides are overrides too: checked like --set, before any stage runs
         config.check_overrides(cfg.overrides)
     except config.ConfigError as exc:
@@ -112,30 +110,30 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _run_stages(cfg: RunConfig, args: argparse.Namespace, out: Path) -> int:
-    overrides = [*cfg.overrides, *args.overrides]
+    settings = args.settings.with_overrides(cfg.overrides, beneath=True)  # the command line's win
     agents = args.agents.split(",") if args.agents else list(cfg.agents)
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     seconds: dict[str, float] = {}
     store, model, value = str(out / "memory"), str(out / "model"), str(out / "value.json")
-    shared = [f"retrieval.store={store}", f"retrieval.model_dir={model}"]
-    with pipeline_ray(cfg.workers):
+    made = {"retrieval.store": store, "retrieval.model_dir": model}  # what the stages make, for the evaluation
+    with pipeline_ray(cfg.workers, settings):
         corpus = encoder = value_report = None
         if any(a in (*RETRIEVING_AGENTS, *VALUE_AGENTS) for a in agents):
             start = time.perf_counter()
-            corpus = build_memory(cfg, store, overrides, progress=not args.json, say=say)
+            corpus = build_memory(cfg, store, settings, progress=not args.json, say=say)
             seconds["corpus"] = time.perf_counter() - start
         grew = corpus is not None and corpus["collected"] > 0
         if any(a in RETRIEVING_AGENTS for a in agents):
             start = time.perf_counter()
-            encoder = train_and_embed(cfg, store, model, overrides, say=say, corpus_grew=grew)
+            encoder = train_and_embed(cfg, store, model, settings, say=say, corpus_grew=grew)
             seconds["encoder"] = time.perf_counter() - start
         if any(a in VALUE_AGENTS for a in agents):
             start = time.perf_counter()
-            value_report = fit_value_stage(store, value, overrides, say=say, corpus_grew=grew)
+            value_report = fit_value_stage(store, value, settings, say=say, corpus_grew=grew)
             seconds["value"] = time.perf_counter() - start
-            shared.append(f"scoring.value_model={value}")
+            made["scoring.value_model"] = value
         start = time.perf_counter()
-        summaries = evaluate(cfg, args, agents, out, [*shared, *overrides], say)
+        summaries = evaluate(cfg, args, agents, out, settings.with_values(made, beneath=True), say)
         seconds["evaluation"] = time.perf_counter() - start
     if args.json:
         print(json.dumps({"out": str(out), "corpus": corpus, "encoder": encoder, "value": value_report,
@@ -144,18 +142,18 @@ def _run_stages(cfg: RunConfig, args: argparse.Namespace, out: Path) -> int:
 
 
 @contextlib.contextmanager
-def pipeline_ray(workers: int) -> Iterator[None]:
+def pipeline_ray(workers: int, settings: Settings) -> Iterator[None]:
     """One local Ray for every stage (or the running one), sized for ``workers`` actors plus the
-    Serve replicas of the evaluation; shut down at the end when started here."""
+    Serve replicas of the evaluation (``eval_job``); shut down at the end when started here."""
     from trajrag.ray_cluster import ensure_ray
-    from trajrag.distributed.evaluate import cpus_needed, load_job_config
+    from trajrag.distributed.evaluate import cpus_needed, job_config
 
     if workers < 1:
         yield
         return
     import ray
 
-    needed = math.ceil(cpus_needed(load_job_config(workers=workers), served=True))
+    needed = math.ceil(cpus_needed(job_config(settings.eval_job, workers), served=True))
     own = ensure_ray(None, max(os.cpu_count() or 1, workers, needed))
     try:
         yield
@@ -164,25 +162,25 @@ def pipeline_ray(workers: int) -> Iterator[None]:
             ray.shutdown()
 
 
-def build_memory(cfg: RunConfig, store: str, overrides: list[str], progress: bool, say) -> dict:
+def build_memory(cfg: RunConfig, store: str, settings: Settings, progress: bool, say) -> dict:
     """Stage 1: the corpus into ``store`` (Ray collectors; resumable)."""
-    from trajrag.cli.corpus import build_corpus
+    from trajrag.agent.corpus import build_corpus
     from trajrag.distributed.corpus import build_corpus_ray
 
     say(f"[1/5] corpus: {cfg.corpus_episodes_per_scene} episodes x {cfg.corpus_scenes} "
         f"({cfg.corpus_policy}), {cfg.workers} collectors -> {store}")
     if cfg.workers > 0:
         summary = build_corpus_ray(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
-                                   overrides, workers=cfg.workers, progress=progress)
+                                   settings, workers=cfg.workers, progress=progress)
     else:
         summary = build_corpus(cfg.corpus_scenes, cfg.corpus_episodes_per_scene, cfg.corpus_policy, store,
-                               overrides, progress=progress)
+                               settings, progress=progress)
     say(f"      {summary['chunks']} chunks in {summary['groups']} groups ({summary['traj_per_s']:.2f} trajectories/s)")
     return {k: summary.get(k) for k in ("episodes_planned", "collected", "chunks", "groups", "decisions",
                                         "walks_with_value_decisions", "traj_per_s")}
 
 
-def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str], say, corpus_grew: bool) -> dict:
+def train_and_embed(cfg: RunConfig, store: str, model: str, settings: Settings, say, corpus_grew: bool) -> dict:
     """Stage 2: train f_E (kept when ``model`` already holds one) and embed every chunk (kept,
     with its recall report, when the model was kept and the corpus did not grow)."""
     from trajrag.encoder.evaluate import evaluate_encoder
@@ -196,12 +194,13 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
         return json.loads(report.read_text())
     if not trained:
         say(f"[2/5] encoder: {cfg.encoder_epochs} epochs on Ray Train ({cfg.workers} workers) -> {model}")
-        train_encoder(store, model, workers=max(cfg.workers, 1),
-                      overrides=[f"encoder.train.epochs={cfg.encoder_epochs}", *overrides], log=say)
+        # run.encoder_epochs beneath the settings' own (a --set encoder.train.epochs wins)
+        training = settings.with_values({"encoder.train.epochs": cfg.encoder_epochs}, beneath=True).encoder
+        train_encoder(store, model, training, workers=max(cfg.workers, 1), log=say)
     else:
         say(f"[2/5] encoder: keeping {model} ({read_meta(model)['encoder_version']})")
     # recall on held-out scenes when the corpus holds queries, and every chunk's embedding written
-    result = evaluate_encoder(store, model, overrides=overrides)
+    result = evaluate_encoder(store, model, settings.encoder)
     result["embedded_chunks"] = result["held_out"]["written"]
     if not result["recall_measured"]:
         say(f"      held-out recall not measured: {result['recall_not_measured_because']}")
@@ -216,7 +215,7 @@ def train_and_embed(cfg: RunConfig, store: str, model: str, overrides: list[str]
     return result
 
 
-def fit_value_stage(store: str, value: str, overrides: list[str], say, corpus_grew: bool) -> dict:
+def fit_value_stage(store: str, value: str, settings: Settings, say, corpus_grew: bool) -> dict:
     """Stage 3: the frontier value from the decisions of the corpus's exploration walks (kept
     when ``value`` exists and the corpus did not grow)."""
     from trajrag.cli.value import fit_value_from_kept
@@ -226,7 +225,7 @@ def fit_value_stage(store: str, value: str, overrides: list[str], say, corpus_gr
         say(f"[3/5] value: keeping {value}")
         return FrontierValueModel.load(value).report
     say(f"[3/5] value: fitted on the decisions of the corpus's exploration walks ({store}) -> {value}")
-    report = fit_value_from_kept([], [store], value, overrides)
+    report = fit_value_from_kept([], [store], value, settings)
     held_out = report.get("held_out")
     if held_out:
         say("      held-out best pick: value {:.3f}, nearest frontier {:.3f}".format(
@@ -234,30 +233,30 @@ def fit_value_stage(store: str, value: str, overrides: list[str], say, corpus_gr
     return report
 
 
-def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: Path, overrides: list[str],
+def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: Path, settings: Settings,
              say) -> dict:
     """Stages 3 and 4: every agent on the evaluation episodes, the table and the pictures."""
-    from trajrag import config
-    from trajrag.agent.evaluate import (claim_runs, evaluate_agent, render_episode_png, run_settings,
-                                        write_results_table)
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.results_table import render_episode_png, write_results_table
+    from trajrag.agent.run_claims import claim_runs, run_settings
     from trajrag.agent.registry import make_agent
     from trajrag.distributed.evaluate import evaluate_ray
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
 
-    scenes = load_scenes(args.scenes or cfg.scenes, overrides)
-    episodes = load_episodes(args.episodes or cfg.episodes, scenes, overrides)
-    sim_cfg, episode_cfg = config.load("sim", overrides), config.load("episodes", overrides)
-    sim = GridSimulator(sim_cfg)
+    scenes = load_scenes(args.scenes or cfg.scenes, settings)
+    episodes = load_episodes(args.episodes or cfg.episodes, scenes, settings)
+    episode_cfg = settings.episodes
+    sim = GridSimulator(settings.sim)
     say(f"[4/5] evaluation: {len(episodes)} episodes in {len(scenes)} val homes, agents {agents}")
     summaries = {}
-    with claim_runs(out, {name: run_settings(name, overrides) for name in agents}):  # held while they walk
+    with claim_runs(out, {name: run_settings(name, settings) for name in agents}):  # held while they walk
         for name in agents:
             if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
-                summaries[name] = evaluate_ray(name, name, scenes, episodes, out, overrides, workers=cfg.workers,
+                summaries[name] = evaluate_ray(name, name, scenes, episodes, out, settings, workers=cfg.workers,
                                                progress=not args.json)
             else:
-                summaries[name] = evaluate_agent(name, lambda: make_agent(name, sim_cfg, overrides), sim,
+                summaries[name] = evaluate_agent(name, lambda: make_agent(name, settings), sim,
                                                  episodes, scenes, out, episode_cfg, progress=not args.json)
     table = write_results_table(summaries, out)
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
@@ -266,19 +265,20 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
         if summaries["trajrag"]["evaluated"] == 0 and kept.is_file():  # a rerun: no episode walked again
             pictures.append(kept)
         else:
-            pictures.append(decision_picture(sim, sim_cfg, episodes[0], scenes, episode_cfg, overrides, out))
+            pictures.append(decision_picture(sim, episodes[0], scenes, settings, out))
     say("[5/5] report\n" + table + f"records: {out}/<agent>/episodes.jsonl  table: {out}/results.md  "
         f"pictures: {', '.join(str(p) for p in pictures if p)}")
     return summaries
 
 
-def decision_picture(sim, sim_cfg, episode, scenes, episode_cfg, overrides: list[str], out: Path) -> Path | None:
+def decision_picture(sim, episode, scenes, settings: Settings, out: Path) -> Path | None:
     """``decision.png``: the most decisive TrajRAG decision of the first episode, replayed."""
     from trajrag.agent.registry import make_agent
-    from trajrag.retrieval.viz import record_decisions, render_decision_png
+    from trajrag.agent.replay import record_decisions
+    from trajrag.retrieval.viz import render_decision_png
 
     scene = next(s for s in scenes if s.name == episode.scene_key)
-    decisions = record_decisions(make_agent("trajrag", sim_cfg, overrides), sim, episode, scene, episode_cfg)
+    decisions = record_decisions(make_agent("trajrag", settings), sim, episode, scene, settings.episodes)
     if not decisions:
         return None
     return render_decision_png(max(decisions, key=lambda d: d.margin), out / DECISION_PNG)

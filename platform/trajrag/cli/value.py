@@ -32,6 +32,7 @@ from typing import Iterator
 from trajrag import artefacts
 from trajrag.cli import UserError, add_override_arg, output_file, output_folder
 from trajrag.cli.episodes import EPISODES_HELP, SCENES_HELP
+from trajrag.config import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,9 +86,9 @@ def fit_command(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     _check_outputs(args)
     if kept:
-        report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.overrides)
+        report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.settings)
     else:
-        report = fit_value(args.scenes, args.episodes, args.out, args.overrides, progress=not args.json,
+        report = fit_value(args.scenes, args.episodes, args.out, args.settings, progress=not args.json,
                            save_decisions=args.save_decisions, workers=args.workers, ray_address=args.ray_address)
     print(json.dumps({"out": args.out, **report}))
     if not args.json:
@@ -127,7 +128,7 @@ def value_ray(workers: int, address: str | None) -> Iterator[None]:
             ray.shutdown()
 
 
-def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[str], progress: bool = True,
+def fit_value(scenes_spec: str, episodes_spec: str, out: str, settings: Settings, progress: bool = True,
               save_decisions: str | None = None, workers: int = 0, ray_address: str | None = None) -> dict:
     """Collect the decisions (kept in ``save_decisions`` when given), report the held-out ranking,
     fit on every scene and write ``out``; returns the model's report (also stored in the file).
@@ -138,18 +139,17 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
 
     With ``save_decisions``, each scene is kept as it is walked and a re-run walks only the scenes
     not kept yet (``agent/value_parts.py``)."""
-    from trajrag import config
     from trajrag.agent.value_data import collect_value_decisions
     from trajrag.agent.value_parts import DecisionParts, ValueWalkError
     from trajrag.planners.frontier_value import save_decisions as keep
     from trajrag.world.datasets import load_episodes, load_scenes
 
-    episode_cfg = config.load("episodes", overrides)
-    value_cfg = config.load("value", overrides)
-    if value_cfg.walker == "value" and not config.load("scoring", overrides).value_model:
+    episode_cfg = settings.episodes
+    value_cfg = settings.value
+    if value_cfg.walker == "value" and not settings.scoring.value_model:
         raise UserError("value.walker=value walks with a fitted value: --set scoring.value_model=VALUE.json")
-    scenes = load_scenes(scenes_spec, overrides)
-    episodes = load_episodes(episodes_spec, scenes, overrides)
+    scenes = load_scenes(scenes_spec, settings)
+    episodes = load_episodes(episodes_spec, scenes, settings)
     if not episodes:
         raise UserError(f"no episodes in {episodes_spec!r} for {scenes_spec!r}")
     goals = list(episode_cfg.goal_categories)
@@ -161,7 +161,7 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     parts = on_scene = None
     if save_decisions:
         parts = DecisionParts(save_decisions, {"scenes": scenes_spec, "episodes": episodes_spec,
-                                               "overrides": list(overrides)})
+                                               "overrides": list(settings.overrides)})
         kept = parts.open(walked)
         on_scene = functools.partial(parts.keep, goals=goals)
         if kept and progress:
@@ -172,9 +172,7 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
     if todo:
         try:
             with value_ray(workers, ray_address):
-                decisions, vocabulary = collect(scenes, todo, goals, config.load("sim", overrides), episode_cfg,
-                                                config.load("audit", overrides), value_cfg, overrides,
-                                                progress=progress, on_scene=on_scene)
+                decisions, vocabulary = collect(scenes, todo, settings, progress=progress, on_scene=on_scene)
         except ValueWalkError as err:
             if parts is None:
                 raise
@@ -184,7 +182,7 @@ def fit_value(scenes_spec: str, episodes_spec: str, out: str, overrides: list[st
         decisions, vocabulary, goals = parts.gather(walked)
         keep(save_decisions, decisions, vocabulary, goals)
         parts.remove()
-    return fit_and_write(decisions, vocabulary, goals, out, overrides,
+    return fit_and_write(decisions, vocabulary, goals, out, settings,
                          {"episodes": len(episodes), "scenes_spec": scenes_spec, "episodes_spec": episodes_spec,
                           "walker": value_cfg.walker})
 
@@ -193,7 +191,7 @@ def _listed(value: str | None) -> list[str]:
     return [part for part in (value or "").split(",") if part]
 
 
-def fit_value_from_kept(files: list[str], stores: list[str], out: str, overrides: list[str]) -> dict:
+def fit_value_from_kept(files: list[str], stores: list[str], out: str, settings: Settings) -> dict:
     """Fit on kept decisions: ``files`` written by ``--save-decisions`` and the exploration walks
     of the memories at ``stores`` (``memory.value_log``, kept by ``trajrag corpus build`` with
     ``corpus.keep_value_decisions``), all with the same vocabulary and goals."""
@@ -205,7 +203,7 @@ def fit_value_from_kept(files: list[str], stores: list[str], out: str, overrides
         source.update(stores=stores, walks=len(walks))
     what = " and ".join(filter(None, [files and f"the decisions files {files}",
                                       stores and f"the walks of {stores}"]))
-    return _fit_collections(collections, what, out, overrides, source)
+    return _fit_collections(collections, what, out, settings, source)
 
 
 def _decisions_file(path: str) -> tuple[list, list[str], list[str]]:
@@ -239,25 +237,24 @@ def _store_walks(store: str) -> list[tuple[list, list[str], list[str]]]:
 
 
 def _fit_collections(collections: list[tuple[list, list[str], list[str]]], what: str, out: str,
-                     overrides: list[str], source: dict) -> dict:
+                     settings: Settings, source: dict) -> dict:
     """``fit_and_write`` on several ``(decisions, vocabulary, goals)`` that must share vocabulary and goals."""
     kinds = {(tuple(vocabulary), tuple(goals)) for _, vocabulary, goals in collections}
     if len(kinds) != 1:
         raise UserError(f"{what} were collected with different vocabularies or goals")
     vocabulary, goals = (list(k) for k in kinds.pop())
     decisions = [d for kept, _, _ in collections for d in kept]
-    return fit_and_write(decisions, vocabulary, goals, out, overrides, source)
+    return fit_and_write(decisions, vocabulary, goals, out, settings, source)
 
 
-def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out: str, overrides: list[str],
+def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out: str, settings: Settings,
                   source: dict) -> dict:
     """Report the held-out ranking (model and experience from all but the last
-    ``held_out_share`` of the scenes, next to nearest frontier), then fit on every scene and write
-    ``out`` and its experience table."""
-    from trajrag import config
+    ``held_out_share`` of the scenes, next to nearest frontier), then fit on every scene (the
+    ``value`` section) and write ``out`` and its experience table."""
     from trajrag.planners.frontier_value import fit_value_model, save_experience
 
-    cfg = config.load("value", overrides)
+    cfg = settings.value
     names = sorted({d.scene for d in decisions})
     held_out = set(names[len(names) - math.ceil(len(names) * cfg.held_out_share):]) if len(names) > 1 else set()
     testing = [d for d in decisions if d.scene in held_out]
@@ -266,7 +263,7 @@ def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out:
         if testing:
             training = [d for d in decisions if d.scene not in held_out]
             report["held_out"] = held_out_ranking(fit_value_model(training, vocabulary, goals, cfg), training,
-                                                  testing, overrides)
+                                                  testing, settings)
         model = fit_value_model(decisions, vocabulary, goals, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -276,17 +273,16 @@ def fit_and_write(decisions: list, vocabulary: list[str], goals: list[str], out:
     return model.report
 
 
-def held_out_ranking(model, training: list, testing: list, overrides: list[str]) -> dict:
+def held_out_ranking(model, training: list, testing: list, settings: Settings) -> dict:
     """Best-pick rate, regret and rho on the held-out decisions: nearest frontier, the value,
     and the value with the experience of the training decisions (``scoring.w_experience``)."""
     import tempfile
 
-    from trajrag import config
     from trajrag.planners.frontier_value import ranking_quality, save_experience
     from trajrag.retrieval.experience import ExperienceIndex, experience_path
 
-    tolerance_m = config.load("audit", overrides).tolerance_m
-    scoring = config.load("scoring", overrides)
+    tolerance_m = settings.audit.tolerance_m
+    scoring = settings.scoring
     ranking = {"nearest_frontier": ranking_quality(testing, lambda x, goal: -x[:, 0], tolerance_m),
                "value": ranking_quality(testing, lambda x, goal: model.score(x), tolerance_m)}
     with tempfile.TemporaryDirectory() as scratch:

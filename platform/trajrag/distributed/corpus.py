@@ -1,6 +1,6 @@
 """The corpus build on Ray: N collector actors -> one grouping actor (the single writer).
 
-The same inputs and summary as ``trajrag.cli.corpus.build_corpus`` (one process), spread over
+The same inputs and summary as ``trajrag.agent.corpus.build_corpus`` (one process), spread over
 a Ray cluster:
 
 * **Plan.** The driver loads the scenes (into the object store, once), generates the episodes
@@ -44,12 +44,14 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, RayError
 
+from trajrag.agent.collect import Collector, collection_settings, collector_settings, episode_policy, trajectory_id
+from trajrag.config import Settings
 from trajrag.distributed.shards import (
     ActorDown,
     SceneCache,
@@ -59,7 +61,16 @@ from trajrag.distributed.shards import (
     first_line,
     timed_items,
 )
+from trajrag.errors import UserError
+from trajrag.memory.build_settings import BuildSettings
+from trajrag.memory.grouping import MemoryConfig, MemoryShard, TrajectoryMemory
+from trajrag.memory.shards import ShardedMemory, open_shard
+from trajrag.memory.store import claim_store
+from trajrag.memory.value_log import ValueLog
 from trajrag.ray_cluster import ensure_ray
+from trajrag.world.datasets import load_scenes
+from trajrag.world.episode_gen import check_config, generate_episodes
+from trajrag.world.geodesic import Motion
 
 # Why conversion to topo-polar form stays inside the collector instead of a separate actor pool
 # (measured on procedural:train homes with the default collector sensors, 2-core dev machine):
@@ -146,13 +157,12 @@ class EpisodeItem:
 
 
 class CollectorWorker:
-    """A collector actor: one ``Collector`` (simulator + oracle and explore agents)."""
+    """A collector actor: one ``Collector`` (simulator + oracle and explore agents) of the
+    driver's ``settings``."""
 
-    def __init__(self, policy: str, overrides: Sequence[str], scene_cache: int,
+    def __init__(self, policy: str, settings: Settings, scene_cache: int,
                  fault: FaultPlan | None = None) -> None:
-        from trajrag.agent.collect import Collector
-
-        self.collector = Collector(overrides)
+        self.collector = Collector(settings)
         self.policy = policy
         self.fault = fault
         self.finished = 0
@@ -185,14 +195,11 @@ class CollectorWorker:
 
 class ShardGrouper:
     """A grouping shard's actor (``memory.shards``): decides the trajectories of its scenes and
-    hands the rows to its ``GroupingWriter``, which commits; it loads its state from the store."""
+    hands the rows to its ``GroupingWriter``, which commits; it loads its state from the store.
+    ``memory_cfg``: the ``memory`` section."""
 
-    def __init__(self, store_uri: str, overrides: Sequence[str], index: int, count: int) -> None:
-        from trajrag import config
-        from trajrag.memory.grouping import MemoryShard
-        from trajrag.memory.shards import open_shard
-
-        self.memory = open_shard(store_uri, config.load("memory", overrides), MemoryShard(index, count))
+    def __init__(self, store_uri: str, memory_cfg: MemoryConfig, index: int, count: int) -> None:
+        self.memory = open_shard(store_uri, memory_cfg, MemoryShard(index, count))
 
     def decide_many(self, trajs: list, labels: list[str]) -> tuple:
         return self.memory.decide_many(trajs, labels)
@@ -204,20 +211,17 @@ class ShardGrouper:
         return True
 
 
-def _actor_shards(store_uri: str, overrides: Sequence[str], count: int, num_cpus: float) -> Any:
+def _actor_shards(store_uri: str, memory_cfg: MemoryConfig, count: int, num_cpus: float) -> Any:
     """``memory.shards.ShardedMemory`` with each shard in a ``ShardGrouper`` actor (they decide a
     batch in parallel). A shard that fails takes its writer down with it (``os._exit``): the
     restarted writer makes fresh shards from the store and the driver resends every batch it had
     not acknowledged, in plan order, as after any writer crash; a writer that carried on would
     run the batches queued behind the failed one first."""
-    from trajrag import config
-    from trajrag.memory.shards import ShardedMemory
-
     grouper = ray.remote(ShardGrouper).options(num_cpus=num_cpus, max_restarts=0)
 
     class ActorShards(ShardedMemory):
         def _make_shard(self, shard):
-            return grouper.remote(store_uri, list(overrides), shard.index, shard.count)
+            return grouper.remote(store_uri, memory_cfg, shard.index, shard.count)
 
         def _decide(self, labels, parts):
             try:
@@ -228,7 +232,7 @@ def _actor_shards(store_uri: str, overrides: Sequence[str], count: int, num_cpus
         def _reload_shards(self):
             ray.get([s.reload.remote() for s in self.shards])
 
-    memory = ActorShards(store_uri, config.load("memory", overrides), count)
+    memory = ActorShards(store_uri, memory_cfg, count)
     ray.get([shard.ping.remote() for shard in memory.shards])  # up (and loaded) before the first batch
     return memory
 
@@ -241,14 +245,10 @@ class GroupingWriter:
     writer continues where the last commit left off.
     """
 
-    def __init__(self, store_uri: str, overrides: Sequence[str], fault: FaultPlan | None = None,
+    def __init__(self, store_uri: str, memory_cfg: MemoryConfig, fault: FaultPlan | None = None,
                  writers: int = 1, shard_num_cpus: float = 1.0) -> None:
-        from trajrag import config
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.value_log import ValueLog
-
-        self.memory = (TrajectoryMemory(store_uri, config.load("memory", overrides)) if writers == 1
-                       else _actor_shards(store_uri, overrides, writers, shard_num_cpus))
+        self.memory = (TrajectoryMemory(store_uri, memory_cfg) if writers == 1
+                       else _actor_shards(store_uri, memory_cfg, writers, shard_num_cpus))
         self.value_log = ValueLog(store_uri)
         self.fault = fault
         self.commits = 0
@@ -547,27 +547,23 @@ class _Pipeline:
 
 
 # -- entry points ---------------------------------------------------------------------------------
-def _scene_episodes(scene: Any, per_scene: int, episode_cfg: Any, seed: int) -> list:
+def _scene_episodes(scene: Any, per_scene: int, episode_cfg: Any, seed: int, motion: Any) -> list:
     """One scene's episodes (a Ray task; episode generation is seeded per scene, so the union
     over scenes equals ``generate_episodes`` over all of them)."""
-    from trajrag.world.episode_gen import generate_episodes
-
-    return generate_episodes([scene], per_scene, episode_cfg, seed)
+    return generate_episodes([scene], per_scene, episode_cfg, seed, motion)
 
 
 def _generate(scenes: Sequence[Any], scene_refs: dict[str, Any], per_scene: int, episode_cfg: Any,
-              seed: int, cfg: CorpusJobConfig, progress: bool) -> list:
+              seed: int, motion: Any, cfg: CorpusJobConfig, progress: bool) -> list:
     """All episodes, in scene order. Many scenes: one Ray task per scene (~0.05 s an episode,
     so 350k episodes would take the driver alone ~5 h)."""
     from tqdm import tqdm
 
-    from trajrag.world.episode_gen import check_config, generate_episodes
-
     if len(scenes) < cfg.parallel_plan_min_scenes:
-        return generate_episodes(scenes, per_scene, episode_cfg, seed)
+        return generate_episodes(scenes, per_scene, episode_cfg, seed, motion)
     check_config(episode_cfg)
     task = ray.remote(_scene_episodes).options(num_cpus=cfg.collector_num_cpus)
-    refs = [task.remote(scene_refs[scene.name], per_scene, episode_cfg, seed) for scene in scenes]
+    refs = [task.remote(scene_refs[scene.name], per_scene, episode_cfg, seed, motion) for scene in scenes]
     pending = list(refs)
     with tqdm(total=len(refs), desc="episodes", unit="scene", disable=not progress, file=sys.stderr) as bar:
         while pending:
@@ -576,19 +572,16 @@ def _generate(scenes: Sequence[Any], scene_refs: dict[str, Any], per_scene: int,
     return [episode for part in ray.get(refs) for episode in part]
 
 
-def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, overrides: Sequence[str], seed: int | None,
+def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, settings: Settings, seed: int | None,
           cfg: CorpusJobConfig, progress: bool):
-    """Scenes (as object refs), episodes and the trajectory id of each episode (``policy``
-    resolved per episode)."""
-    from trajrag import config
-    from trajrag.agent.collect import episode_policy, trajectory_id
-    from trajrag.cli import UserError
-
-    corpus_cfg = config.load("corpus", overrides)
+    """Scenes (as object refs), episodes (for the collectors' motion, ``collector_settings``)
+    and the trajectory id of each episode (``policy`` resolved per episode)."""
+    corpus_cfg = settings.corpus
     scene_refs = {scene.name: ray.put(scene) for scene in scenes}
-    episode_cfg = config.load("episodes", overrides)
+    episode_cfg = settings.episodes
+    motion = Motion.from_sim_config(collector_settings(settings).sim)
     episodes = _generate(scenes, scene_refs, per_scene, episode_cfg,
-                         episode_cfg.seed if seed is None else seed, cfg, progress)
+                         episode_cfg.seed if seed is None else seed, motion, cfg, progress)
     ids = [trajectory_id(e, episode_policy(e, policy, corpus_cfg.oracle_fraction, corpus_cfg.seed))
            for e in episodes]
     repeated = [tid for tid, n in Counter(ids).items() if n > 1]
@@ -601,10 +594,10 @@ def _plan(scenes: list, scene_spec: str, per_scene: int, policy: str, overrides:
 class _Actors:
     """Makes the job's actors and kills them all at the end (none outlive the job)."""
 
-    def __init__(self, cfg: CorpusJobConfig, store_uri: str, policy: str, overrides: list[str],
+    def __init__(self, cfg: CorpusJobConfig, store_uri: str, policy: str, settings: Settings,
                  faults: FaultPlan | None) -> None:
-        self.cfg, self.store_uri, self.policy, self.overrides, self.faults = (
-            cfg, store_uri, policy, overrides, faults)
+        self.cfg, self.store_uri, self.policy, self.settings, self.faults = (
+            cfg, store_uri, policy, settings, faults)
         # Retries are the driver's (max_task_retries=0): it knows what came back and what was
         # acknowledged; Ray only restarts the processes.
         self.writer_cls = ray.remote(GroupingWriter).options(
@@ -615,11 +608,11 @@ class _Actors:
         self.made: list[Any] = []
 
     def writer(self) -> Any:
-        return self._keep(self.writer_cls.remote(self.store_uri, self.overrides, self.faults,
+        return self._keep(self.writer_cls.remote(self.store_uri, self.settings.memory, self.faults,
                                                  self.cfg.writers, self.cfg.shard_num_cpus))
 
     def collector(self) -> Any:
-        return self._keep(self.collector_cls.remote(self.policy, self.overrides,
+        return self._keep(self.collector_cls.remote(self.policy, self.settings,
                                                     self.cfg.scene_cache, self.faults))
 
     def _keep(self, actor: Any) -> Any:
@@ -632,7 +625,7 @@ class _Actors:
 
 
 def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: str,
-                     overrides: Sequence[str] = (), seed: int | None = None,
+                     settings: Settings, seed: int | None = None,
                      workers: int | None = None, progress: bool = True,
                      ray_address: str | None = None, faults: FaultPlan | None = None,
                      writers: int | None = None, mixed_settings: bool = False) -> dict:
@@ -640,36 +633,28 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
     and ``writers`` grouping writers (default: corpus_job.writers). A store whose walks were
     collected with other settings is refused unless ``mixed_settings`` (``memory.build_settings``).
 
-    Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
+    Collectors and writers are made from ``settings``. Returns ``build_corpus``'s summary (counts, decisions, throughput, seconds per stage) plus
     per-actor times and what the fault handling did. Uses the running Ray if there is one, else
     starts a local one for the job.
     """
-    from trajrag import config
-    from trajrag.cli import UserError
-    from trajrag.agent.collect import collection_settings
-    from trajrag.memory.build_settings import BuildSettings
-    from trajrag.memory.store import claim_store
-    from trajrag.world.datasets import load_scenes
-
     started = time.perf_counter()
-    cfg: CorpusJobConfig = config.load("corpus_job", overrides)
-    cfg.collectors = cfg.collectors if workers is None else int(workers)
-    cfg.writers = cfg.writers if writers is None else int(writers)
+    cfg = settings.corpus_job
+    cfg = replace(cfg, collectors=cfg.collectors if workers is None else int(workers),
+                  writers=cfg.writers if writers is None else int(writers))
     if cfg.collectors < 1:
         raise UserError(f"the Ray corpus build needs at least 1 collector, got {cfg.collectors}")
     if cfg.writers < 1:
         raise UserError(f"the Ray corpus build needs at least 1 writer, got {cfg.writers}")
     if per_scene < 1:
         raise UserError(f"--episodes-per-scene must be >= 1, got {per_scene}")
-    scenes = load_scenes(scene_spec, overrides)  # a bad spec or file fails here, before a cluster starts
+    scenes = load_scenes(scene_spec, settings)  # a bad spec or file fails here, before a cluster starts
     with claim_store(store_uri, f"Ray corpus build of {scene_spec}"):  # and a second build of the store
-        BuildSettings(store_uri).admit(collection_settings(overrides, scenes), mixed_settings)
+        BuildSettings(store_uri).admit(collection_settings(settings, scenes), mixed_settings)
         own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.collectors * cfg.collector_num_cpus
                                               + (cfg.writers > 1) * cfg.writers * cfg.shard_num_cpus))
-        actors = _Actors(cfg, store_uri, policy, list(overrides), faults)
+        actors = _Actors(cfg, store_uri, policy, settings, faults)
         try:
-            return _build(cfg, actors, scenes, scene_spec, per_scene, policy, list(overrides), seed, progress,
-                          started)
+            return _build(cfg, actors, scenes, scene_spec, per_scene, policy, settings, seed, progress, started)
         finally:
             actors.kill_all()
             if own_ray:
@@ -677,13 +662,11 @@ def build_corpus_ray(scene_spec: str, per_scene: int, policy: str, store_uri: st
 
 
 def _build(cfg: CorpusJobConfig, actors: _Actors, scenes: list, scene_spec: str, per_scene: int, policy: str,
-           overrides: list[str], seed: int | None, progress: bool, started: float) -> dict:
+           settings: Settings, seed: int | None, progress: bool, started: float) -> dict:
     """Plan, ask the store what is missing, run the pipeline, summarise."""
     from tqdm import tqdm
 
-    from trajrag.cli import UserError
-
-    scene_refs, episodes, ids = _plan(scenes, scene_spec, per_scene, policy, overrides, seed, cfg, progress)
+    scene_refs, episodes, ids = _plan(scenes, scene_spec, per_scene, policy, settings, seed, cfg, progress)
     writer = actors.writer()
     try:
         missing = set(ray.get(writer.missing.remote(ids)))

@@ -14,7 +14,7 @@ spread over a Ray cluster:
   them.
 * **Evaluate.** ``EvaluatorWorker`` actors (a simulator + the agent each) pull shards of episodes
   from the driver's queue and stream each finished episode back (a Ray streaming generator) as
-  its JSONL record, made by ``agent.evaluate._record`` after ``agent.episode_runner.run_episode``:
+  its JSONL record, made by ``agent.evaluate.episode_record`` after ``agent.episode_runner.run_episode``:
   one implementation of the episode loop for both paths.
 * **Write.** The driver appends each record to the run's JSONL as it arrives (flushed per line):
   ``episodes.jsonl``, or ``episodes.shard-I-of-N.jsonl`` for a shard, so each file has exactly one
@@ -41,7 +41,7 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -49,8 +49,29 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
-from trajrag.agent.evaluate import SUMMARY_METRICS, AgentRun, cut_torn_tail, read_records, write_json
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.evaluate import episode_record
+from trajrag.agent.navigator import make_navigator
+from trajrag.agent.registry import make_agent
+from trajrag.agent.run_records import (
+    SUMMARY_METRICS,
+    AgentRun,
+    cut_torn_tail,
+    perception_counters,
+    planner_counters,
+    read_records,
+    record_metrics,
+    write_json,
+)
+from trajrag.config import Settings
 from trajrag.distributed.corpus import FaultPlan
+from trajrag.distributed.serve_planner import (
+    PlannerServeConfig,
+    RemotePlanner,
+    ServeUnavailableError,
+    delete_planner_app,
+    deploy_planner_app,
+)
 from trajrag.distributed.shards import (
     ActorDown,
     SceneCache,
@@ -60,8 +81,11 @@ from trajrag.distributed.shards import (
     first_line,
     timed_items,
 )
-from trajrag.distributed.serve_planner import PlannerServeConfig
+from trajrag.errors import UserError
+from trajrag.planners.frontier_value import load_value_model
 from trajrag.ray_cluster import ensure_ray
+from trajrag.world.metrics import summarize
+from trajrag.world.sim import GridSimulator
 
 # Planners whose decisions go through the Serve planner app (the others run in the evaluators).
 SERVED_PLANNERS = ("trajrag",)
@@ -117,31 +141,24 @@ class EvalItem:
 
 
 class EvaluatorWorker:
-    """An evaluator actor: one simulator and one agent (navigator + planner)."""
+    """An evaluator actor: one simulator and one agent (navigator + planner), made from the
+    driver's ``settings``."""
 
-    def __init__(self, planner: str, overrides: Sequence[str], serve_app: str | None,
+    def __init__(self, planner: str, settings: Settings, serve_app: str | None,
                  serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None) -> None:
-        from trajrag import config
-        from trajrag.world.sim import GridSimulator
-
-        sim_cfg = config.load("sim", overrides)
-        self.sim = GridSimulator(sim_cfg)
-        self.episode_cfg = config.load("episodes", overrides)
-        self.agent = make_evaluator_agent(planner, sim_cfg, overrides, serve_app, serve_cfg)
+        self.sim = GridSimulator(settings.sim)
+        self.episode_cfg = settings.episodes
+        self.agent = make_evaluator_agent(planner, settings, serve_app, serve_cfg)
         self.fault = fault
         self.scenes = SceneCache(scene_cache)
         self.finished = 0
 
     def evaluate(self, indices: Sequence[int], episodes: Sequence[Any], scene_refs: dict[str, Any]):
         """Run ``episodes`` (planned ``indices``) one by one, yielding an ``EvalItem`` each."""
-        from trajrag.agent.episode_runner import run_episode
-        from trajrag.agent.evaluate import _record
-        from trajrag.distributed.serve_planner import ServeUnavailableError
-
         def evaluate_one(index: int, episode: Any) -> EvalItem:
             scene = self.scenes.get(episode.scene_key, scene_refs)
             result = run_episode(self.sim, self.agent, episode, scene, cfg=self.episode_cfg)
-            return EvalItem(index, record=_record(result, self.agent))
+            return EvalItem(index, record=episode_record(result, self.agent))
 
         def failed(index: int, exc: Exception) -> EvalItem:
             if isinstance(exc, ServeUnavailableError):  # Serve restarting: the episode is re-queued
@@ -159,24 +176,18 @@ class EvaluatorWorker:
         return True
 
 
-def make_evaluator_agent(planner: str, sim_cfg: Any, overrides: Sequence[str], serve_app: str | None,
+def make_evaluator_agent(planner: str, settings: Settings, serve_app: str | None,
                          serve_cfg: PlannerServeConfig) -> Any:
     """The agent of an evaluator: the navigator with a ``RemotePlanner`` on app ``serve_app``, or
     the registry's agent ``planner`` when no app is given."""
     if serve_app:
-        from trajrag import config
-        from trajrag.agent.navigator import make_navigator
-        from trajrag.distributed.serve_planner import RemotePlanner
+        wants_place = bool(settings.retrieval.project_goal)
+        scoring = settings.scoring
+        value = load_value_model(scoring.value_model, settings.navigator.vocabulary, scoring)
+        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value), settings,
+                              seed=0)
 
-        from trajrag.planners.frontier_value import load_value_model
-
-        wants_place = bool(config.load("retrieval", overrides).project_goal)
-        value = load_value_model(config.load("scoring", overrides).value_model, overrides)
-        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value), sim_cfg,
-                              overrides, seed=0)
-    from trajrag.agent.registry import make_agent
-
-    return make_agent(planner, sim_cfg, overrides)
+    return make_agent(planner, settings)
 
 
 # -- records: one writer per file, every file read on resume --------------------------------------
@@ -402,14 +413,10 @@ class _EvalPipeline:
 
 
 # -- entry points ---------------------------------------------------------------------------------
-def load_job_config(overrides: Sequence[str] = (), workers: int | None = None) -> EvalJobConfig:
-    """``configs/eval_job.yaml`` (+ overrides), ``workers`` replacing ``evaluators`` if given."""
-    from trajrag import config
-    from trajrag.cli import UserError
-
-    cfg: EvalJobConfig = config.load("eval_job", overrides)
+def job_config(cfg: EvalJobConfig, workers: int | None = None) -> EvalJobConfig:
+    """The ``eval_job`` section ``cfg`` with ``workers`` replacing ``evaluators`` if given."""
     if workers is not None:
-        cfg.evaluators = int(workers)
+        cfg = replace(cfg, evaluators=int(workers))
     if cfg.evaluators < 1:
         raise UserError(f"the Ray evaluation needs at least 1 evaluator, got {cfg.evaluators}")
     return cfg
@@ -437,21 +444,20 @@ def ray_for_eval(address: str | None, cfg: EvalJobConfig, served: bool) -> Itera
 
 
 def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequence[Any], out_dir: Path | str,
-                 overrides: Sequence[str] = (), *, workers: int | None = None, shard: tuple[int, int] | None = None,
+                 settings: Settings, *, workers: int | None = None, shard: tuple[int, int] | None = None,
                  progress: bool = True, ray_address: str | None = None, faults: EvalFaultPlan | None = None,
                  on_record: Callable[[dict], None] | None = None) -> dict:
-    """Evaluate ``planner`` on ``episodes`` (the ``shard`` range of them) with ``workers``
-    evaluator actors (default ``eval_job.evaluators``); records under ``<out_dir>/<label>/``.
+    """Evaluate ``planner`` made from ``settings`` on ``episodes`` (the ``shard`` range of them)
+    with ``workers`` evaluator actors (default ``eval_job.evaluators``); records under
+    ``<out_dir>/<label>/``.
 
     Returns ``trajrag eval``'s summary (``episodes``, ``sr``, ``spl``, ``dtg_m``, ``planner_calls``,
     ``fallbacks``, ``retrieval_ms_p50``, per category...) over the shard's finished episodes, plus
     the job's counts, ``episodes_per_h``, seconds per stage, Serve latencies and fault handling.
     ``on_record(record)`` runs in the driver after each record is written.
     """
-    from trajrag.cli import UserError
-
     started = time.perf_counter()
-    cfg = load_job_config(overrides, workers)
+    cfg = job_config(settings.eval_job, workers)
     served = planner in SERVED_PLANNERS
     keys = [episode_key(e) for e in episodes]
     repeated = [k for k, n in Counter(keys).items() if n > 1]
@@ -468,14 +474,12 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
         if todo:
             _warn_if_too_small(cfg, served)
         if todo and served:
-            app, deployed, deploy_s = _deploy(overrides, cfg.serve)
+            app, deployed, deploy_s = _deploy(settings, cfg.serve)
         try:
-            pipe = _run_pipeline(cfg, label, planner, list(overrides), scenes, episodes, todo, app, run,
+            pipe = _run_pipeline(cfg, label, planner, settings, scenes, episodes, todo, app, run,
                                  done, progress, faults, on_record) if todo else None
         finally:
             if deployed and not cfg.serve.keep_app:
-                from trajrag.distributed.serve_planner import delete_planner_app
-
                 delete_planner_app(app)
     total_s = time.perf_counter() - started
     return _summarize(run, episodes, keys, wanted, todo, pipe, cfg, planner, app, deploy_s, total_s)
@@ -500,19 +504,16 @@ def _warn_if_too_small(cfg: EvalJobConfig, served: bool) -> None:
               "eval_job.serve.retriever_num_cpus)", file=sys.stderr)
 
 
-def _deploy(overrides: Sequence[str], serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:
-    from trajrag.cli import UserError
-    from trajrag.distributed.serve_planner import deploy_planner_app
-
+def _deploy(settings: Settings, serve_cfg: PlannerServeConfig) -> tuple[str, bool, float]:
     started = time.perf_counter()
     try:
-        app, deployed = deploy_planner_app(overrides, serve_cfg)
+        app, deployed = deploy_planner_app(settings, serve_cfg)
     except RuntimeError as exc:
         raise UserError(str(exc)) from None
     return app, deployed, time.perf_counter() - started
 
 
-def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, overrides: list[str], scenes: Sequence[Any],
+def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settings, scenes: Sequence[Any],
                   episodes: Sequence[Any], todo: list[int], app: str | None, run: ShardedRun, done: dict,
                   progress: bool, faults: EvalFaultPlan | None,
                   on_record: Callable[[dict], None] | None) -> _EvalPipeline:
@@ -522,15 +523,13 @@ def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, overrides: list[
     scene_refs = {s.name: ray.put(s) for s in scenes if s.name in needed}
     missing = needed - set(scene_refs)
     if missing:
-        from trajrag.cli import UserError
-
         raise UserError(f"episodes of scene(s) {sorted(missing)[:3]} but no such scene was loaded")
     evaluator_cls = ray.remote(EvaluatorWorker).options(
         num_cpus=cfg.evaluator_num_cpus, max_restarts=cfg.evaluator_max_restarts, max_task_retries=0)
     made: list[Any] = []
 
     def make_evaluator() -> Any:
-        actor = evaluator_cls.remote(planner, overrides, app, cfg.serve, cfg.scene_cache, faults)
+        actor = evaluator_cls.remote(planner, settings, app, cfg.serve, cfg.scene_cache, faults)
         made.append(actor)
         return actor
 
@@ -593,10 +592,7 @@ def _summarize(run: ShardedRun, episodes: Sequence[Any], keys: list, wanted: lis
 
 def records_summary(records: Sequence[dict]) -> dict:
     """``evaluate_agent``'s summary of finished records: metric means and planner counters."""
-    from trajrag.agent.evaluate import _metrics, perception_counters, planner_counters
-    from trajrag.world.metrics import summarize
-
-    summary = summarize([_metrics(r["metrics"]) for r in records])
+    summary = summarize([record_metrics(r["metrics"]) for r in records])
     summary.update(planner_counters(records))
     summary.update(perception_counters(records))
     return summary

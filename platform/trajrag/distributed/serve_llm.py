@@ -6,11 +6,13 @@ any ``ChatModel`` factory in tests), on the HTTP proxy at ``llm.serve.host:port`
 default: loopback only) and returns the base URL. Planners reach it with the ``openai`` backend::
 
     import ray; ray.init()
+    from trajrag import config
     from trajrag.distributed.serve_llm import start_local_llm, shutdown
-    url = start_local_llm()                 # http://127.0.0.1:8000/v1, model "smollm2-135m-instruct"
+    llm = config.settings().llm             # with overrides: config.settings(["llm.serve.port=8001"])
+    url = start_local_llm(llm)              # http://127.0.0.1:8000/v1, model "smollm2-135m-instruct"
     # trajrag eval ... --set llm.chat.backend=openai --set llm.chat.base_url=$url \
     #                  --set llm.chat.model=smollm2-135m-instruct
-    shutdown()
+    shutdown(llm.serve.app_name)
 
 or from a shell: ``python -m trajrag.distributed.serve_llm [--set llm.serve.port=8001]``
 (blocks until Ctrl-C). The endpoint implements the request fields the planner sends: ``model``,
@@ -45,7 +47,9 @@ import urllib.request
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
+from trajrag import config
 from trajrag.planners.chat import ChatError, ChatModel, make_local_chat
+from trajrag.planners.llm import LLMConfig
 
 DEFAULT_MAX_TOKENS = 256  # when a request names none (OpenAI leaves it to the server)
 
@@ -155,9 +159,10 @@ def base_url(serve_cfg) -> str:
     return f"http://{serve_cfg.host}:{serve_cfg.port}{serve_cfg.route_prefix.rstrip('/')}/v1"
 
 
-def start_local_llm(overrides: Sequence[str] = (), *, chat_factory: Optional[Callable[[], ChatModel]] = None,
+def start_local_llm(cfg: LLMConfig, *, chat_factory: Optional[Callable[[], ChatModel]] = None,
                     ready_timeout_s: float = 60.0) -> str:
-    """Deploy the chat model as an OpenAI-compatible Serve app and return its base URL.
+    """Deploy the chat model as an OpenAI-compatible Serve app (``cfg``: the ``llm`` section) and
+    return its base URL.
 
     Ray must be initialised (or reachable). Serve's HTTP options are set on first start only:
     if Serve already runs with another host/port, shut it down first (``shutdown(stop_serve=True)``).
@@ -166,9 +171,6 @@ def start_local_llm(overrides: Sequence[str] = (), *, chat_factory: Optional[Cal
     """
     from ray import serve
 
-    from trajrag import config
-
-    cfg = config.load("llm", overrides)
     factory = chat_factory or functools.partial(make_local_chat, cfg.chat)
     serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
     serve.run(build_app(factory, cfg.serve), name=cfg.serve.app_name, route_prefix=cfg.serve.route_prefix)
@@ -192,15 +194,12 @@ def _wait_ready(url: str, timeout_s: float) -> None:
     raise TimeoutError(f"LLM Serve app not answering at {url} after {timeout_s:.0f} s ({last})")
 
 
-def shutdown(app_name: str = "", *, stop_serve: bool = False, overrides: Sequence[str] = ()) -> None:
-    """Delete the app (``llm.serve.app_name`` unless given); with ``stop_serve`` also stop Serve
+def shutdown(app_name: str, *, stop_serve: bool = False) -> None:
+    """Delete the app ``app_name`` (``llm.serve.app_name``); with ``stop_serve`` also stop Serve
     itself (controller and HTTP proxies, freeing the port) so it can restart with other options."""
     from ray import serve
 
-    from trajrag import config
-
-    name = app_name or config.load("llm", overrides).serve.app_name
-    serve.delete(name)
+    serve.delete(app_name)
     if stop_serve:
         serve.shutdown()
 
@@ -214,17 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
     args = parser.parse_args(argv)
+    config.check_overrides(args.overrides)
+    cfg = config.settings(args.overrides).llm
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     ray.init(address=args.address, include_dashboard=False)
-    url = start_local_llm(args.overrides, ready_timeout_s=300.0)
+    url = start_local_llm(cfg, ready_timeout_s=300.0)
     print(f"serving the local chat model at {url} (Ctrl-C stops)", flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        shutdown(overrides=args.overrides, stop_serve=True)
+        shutdown(cfg.serve.app_name, stop_serve=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 One Serve application per planner configuration:
 
-* ``RetrieverDeployment`` (deployment ``Retriever``) wraps ``retrieval.load_retriever(overrides)``:
+* ``RetrieverDeployment`` (deployment ``Retriever``) wraps ``retrieval.load_retriever(settings)``:
   the store's chunks, summaries and the encoder, loaded once per replica (~10 s, hundreds of MB
   for large stores). ``retrieve({"goal", "candidates"}) -> {"experiences", "names", ...}``.
 * ``PlannerDeployment`` (deployment ``Planner``, the ingress) holds the ``ScoringPlanner``'s
@@ -37,21 +37,27 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
-from trajrag import artefacts
+from trajrag import artefacts, config
+from trajrag.config import Settings
+from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings
-from trajrag.planners.scoring import with_kept_points
+from trajrag.planners.frontier_value import candidate_features, load_value_model
+from trajrag.planners.scoring import ScoringPlanner, with_kept_points
+from trajrag.retrieval.retriever import load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
+from trajrag.topo.candidates import CandidatePath, MapPlace
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 log = logging.getLogger(__name__)
 
 RETRIEVER, PLANNER = "Retriever", "Planner"
-# Overrides that change what the app computes (and so its name): retrieval, matching, encoder
-# and scoring. Navigation overrides (topo, mapping, ...) act in the evaluators, not here.
-APP_SECTIONS = ("retrieval.", "memory.", "encoder.", "scoring.")
+# The sections that change what the app computes (and so its name): retrieval, matching, encoder
+# and scoring. Navigation sections (topo, mapping, ...) act in the evaluators, not here.
+APP_SECTIONS = ("retrieval", "memory", "encoder", "scoring")
 
 
 @dataclass
@@ -104,8 +110,6 @@ def decision_request(ctx: PlannerContext, value: Any = None) -> dict:
     request = {"goal": str(ctx.goal), "step": int(ctx.step), "current_waypoint": waypoint,
                "candidates": candidates, "place": place}
     if value is not None:
-        from trajrag.planners.frontier_value import candidate_features
-
         request["value_features"] = candidate_features(ctx, value.goals, value.config).tolist()
     return request
 
@@ -137,9 +141,6 @@ class _FrontierPoint:
 def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
     """The ``PlannerContext`` scoring needs (candidate ``i`` -> frontier ``i``) and the candidate
     trajectories; ``PlannerRequestError`` naming the first bad field."""
-    from trajrag.topo.candidates import CandidatePath
-    from trajrag.topo.trajectory import TopoPolarTrajectory
-
     if not isinstance(request, Mapping):
         raise PlannerRequestError("a decision request must be a JSON object")
     goal, raw = request.get("goal"), request.get("candidates")
@@ -175,8 +176,6 @@ def context_from_request(request: Any) -> tuple[PlannerContext, list[Any]]:
 
 def place_from_request(request: Mapping[str, Any]) -> Any:
     """The request's ``MapPlace`` (``None`` when it carries none); ``PlannerRequestError`` if malformed."""
-    from trajrag.topo.candidates import MapPlace
-
     raw = request.get("place")
     if raw is None:
         return None
@@ -226,24 +225,20 @@ def retrieval_from_dict(data: Mapping[str, Any]) -> DecisionRetrieval:
 
 # -- the deployments ------------------------------------------------------------------------------
 class RetrieverDeployment:
-    """A replica of the retriever: ``load_retriever(overrides)`` once, then one retrieval per call.
+    """A replica of the retriever: ``load_retriever(settings)`` once, then one retrieval per call.
 
     Retrievals are serialised by a lock: Serve runs sync methods in a thread pool, the retriever
     caches per query (not thread-safe), and its work is CPU-bound Python, so threads would only
     interleave. ``max_ongoing_requests`` bounds the queue per replica; more replicas scale it.
     """
 
-    def __init__(self, overrides: Sequence[str]) -> None:
-        from trajrag.retrieval.retriever import load_retriever
-
-        self.retriever = load_retriever(list(overrides))
+    def __init__(self, settings: Settings) -> None:
+        self.retriever = load_retriever(settings)
         self.lock = threading.Lock()
 
     def retrieve(self, request: Mapping[str, Any]) -> dict:
         """``{"goal": str, "candidates": [trajectory dict, ...], "place": MapPlace dict or None}``
         -> ``retrieval_to_dict``."""
-        from trajrag.topo.trajectory import TopoPolarTrajectory
-
         try:
             goal = str(request["goal"])
             trajectories = [TopoPolarTrajectory.from_dict(t) for t in request["candidates"]]
@@ -260,18 +255,13 @@ class PlannerDeployment:
     ``decide`` for handles, ``__call__`` for HTTP (POST a ``decision_request`` JSON body).
     """
 
-    def __init__(self, retriever: Any, overrides: Sequence[str]) -> None:
-        from trajrag import config
-        from trajrag.planners.frontier_value import load_value_model
-        from trajrag.planners.scoring import ScoringPlanner
-        from trajrag.retrieval.retriever import load_retriever
-
+    def __init__(self, retriever: Any, settings: Settings) -> None:
         self.retriever = retriever  # DeploymentHandle of the Retriever deployment
         # None: this replica retrieves itself (``serve.retriever_in_planner``): no second hop.
-        self.local = load_retriever(list(overrides)) if retriever is None else None
+        self.local = load_retriever(settings) if retriever is None else None
         self.lock = threading.Lock()
-        cfg = config.load("scoring", list(overrides))
-        self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, list(overrides)))
+        cfg = settings.scoring
+        self.scorer = ScoringPlanner(None, cfg, load_value_model(cfg.value_model, settings.navigator.vocabulary, cfg))
 
     async def decide(self, request: Mapping[str, Any]) -> dict:
         """One decision: ``{"choice", "scores", "retrieval_ms", "coarse_ms", "encode_ms", "fine_ms",
@@ -317,43 +307,36 @@ class PlannerDeployment:
 
 
 # -- deploying ------------------------------------------------------------------------------------
-def app_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides the app depends on (retrieval, memory, encoder, scoring), in order."""
-    return [o for o in overrides if o.startswith(APP_SECTIONS)]
-
-
-def app_name(overrides: Sequence[str], cfg: PlannerServeConfig) -> str:
+def app_name(settings: Settings, cfg: PlannerServeConfig) -> str:
     """``<app_name>-<hash>``: one app per configuration, so evaluation jobs (and shards of one
     job) with the same planner share it and different variants never collide. The hash covers
-    the app's overrides, its Serve sizing and the store's table versions, so a store that
-    changed since (rebuilt, re-embedded) or a refitted value model gets a new app instead of a
-    stale one."""
+    the values of the app's sections (``APP_SECTIONS``), its Serve sizing and the store's table
+    versions, so a store that changed since (rebuilt, re-embedded) or a refitted value model
+    gets a new app instead of a stale one."""
     from dataclasses import asdict
 
-    from trajrag import config
-    from trajrag.memory.store import MemoryStore
-
-    store = config.load("retrieval", list(overrides)).store
+    store = settings.retrieval.store
     versions = MemoryStore(store, read_only=True).versions() if store else {}
-    value_model = config.load("scoring", list(overrides)).value_model  # a refitted model: a new app
+    value_model = settings.scoring.value_model  # a refitted model: a new app
     value_hash = hashlib.sha1(artefacts.local_copy(value_model).read_bytes()).hexdigest() if value_model else ""
-    key = json.dumps([app_overrides(overrides), asdict(cfg), versions, value_hash], sort_keys=True)
+    sections = {name: config.to_dict(getattr(settings, name)) for name in APP_SECTIONS}
+    key = json.dumps([sections, asdict(cfg), versions, value_hash], sort_keys=True)
     return f"{cfg.app_name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
-def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
+def build_planner_app(settings: Settings, cfg: PlannerServeConfig) -> Any:
     """The Serve application: ``Planner`` (ingress) bound to a ``Retriever`` handle, or with
-    ``retriever_in_planner`` the ``Planner`` alone, sized as the retriever, retrieving itself."""
+    ``retriever_in_planner`` the ``Planner`` alone, sized as the retriever, retrieving itself.
+    Each replica is handed ``settings``."""
     from ray import serve
 
-    own = app_overrides(overrides)
     if cfg.retriever_in_planner:
         alone = serve.deployment(
             PlannerDeployment, name=PLANNER, num_replicas=cfg.retriever_replicas,
             max_ongoing_requests=cfg.retriever_max_ongoing_requests,
             health_check_period_s=cfg.health_check_period_s,
             ray_actor_options={"num_cpus": cfg.retriever_num_cpus + cfg.planner_num_cpus})
-        return alone.bind(None, own)
+        return alone.bind(None, settings)
     retriever = serve.deployment(
         RetrieverDeployment, name=RETRIEVER, num_replicas=cfg.retriever_replicas,
         max_ongoing_requests=cfg.retriever_max_ongoing_requests,
@@ -364,7 +347,7 @@ def build_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> Any:
         max_ongoing_requests=cfg.planner_max_ongoing_requests,
         health_check_period_s=cfg.health_check_period_s,
         ray_actor_options={"num_cpus": cfg.planner_num_cpus})
-    return planner.bind(retriever.bind(own), own)
+    return planner.bind(retriever.bind(settings), settings)
 
 
 def start_serve(cfg: PlannerServeConfig) -> None:
@@ -379,22 +362,22 @@ def start_serve(cfg: PlannerServeConfig) -> None:
         serve.start(proxy_location="Disabled")
 
 
-def deploy_planner_app(overrides: Sequence[str], cfg: PlannerServeConfig) -> tuple[str, bool]:
-    """Deploy the planner app for ``overrides`` unless it already runs; ``(name, deployed)``.
+def deploy_planner_app(settings: Settings, cfg: PlannerServeConfig) -> tuple[str, bool]:
+    """Deploy the planner app for ``settings`` unless it already runs; ``(name, deployed)``.
 
     Waits until its replicas are up (the retriever loads the store and the encoder). A replica
     that cannot start (no store, wrong model) raises ``RuntimeError`` with its first error line.
     """
     from ray import serve
 
-    name = app_name(overrides, cfg)
+    name = app_name(settings, cfg)
     if _wait_while_deploying(name, cfg.request_timeout_s):  # e.g. another shard's job deploys it
         return name, False
     start_serve(cfg)
     route = f"{cfg.route_prefix.rstrip('/')}/{name}" if cfg.http else None
     try:
         # No per-request access log: an evaluation makes tens of decisions per episode.
-        serve.run(build_planner_app(overrides, cfg), name=name, route_prefix=route,
+        serve.run(build_planner_app(settings, cfg), name=name, route_prefix=route,
                   logging_config={"enable_access_log": False})
     except Exception as exc:  # noqa: BLE001 - Serve reports a failed replica constructor as RuntimeError
         _delete_quietly(name)
@@ -487,7 +470,7 @@ class RemotePlanner(RetrievalTimings):
         self.retries = 0
 
     def episode_stats(self) -> dict:
-        """Per-episode counters for the evaluation records (``agent.evaluate._record``)."""
+        """Per-episode counters for the evaluation records (``agent.evaluate.episode_record``)."""
         return {**super().episode_stats(), "serve_ms": [round(t, 3) for t in self.serve_ms],
                 "serve_overhead_ms": [round(t, 3) for t in self.serve_overhead_ms],
                 "serve_retries": self.retries}

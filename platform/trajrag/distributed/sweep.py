@@ -28,11 +28,21 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from trajrag import artefacts
+from trajrag import artefacts, config
+from trajrag.agent.episode_runner import run_episode
+from trajrag.agent.navigator import make_navigator
+from trajrag.config import ConfigError, Settings
+from trajrag.errors import UserError
+from trajrag.planners.scoring import ScoringPlanner
+from trajrag.ray_cluster import ensure_ray, finish_wandb, import_wandb
+from trajrag.retrieval.retriever import load_encoder, load_retriever
+from trajrag.world.datasets import load_episodes, load_scenes
+from trajrag.world.metrics import summarize
+from trajrag.world.sim import GridSimulator
 
 PARAM_KINDS = ("uniform", "loguniform", "randint")
 OBJECTIVES = ("sr", "spl")
@@ -73,10 +83,6 @@ class SweepConfig:
 
 def check_config(cfg: SweepConfig) -> None:
     """``UserError`` naming the first bad value of the sweep config."""
-    from trajrag import config
-    from trajrag.cli import UserError
-    from trajrag.config import ConfigError
-
     if cfg.objective not in OBJECTIVES:
         raise UserError(f"sweep.objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
     if cfg.mode not in ("max", "min"):
@@ -92,10 +98,9 @@ def check_config(cfg: SweepConfig) -> None:
             raise UserError(f"sweep.params[{key}].kind must be one of {PARAM_KINDS}, got {p.kind!r}")
         if not p.low < p.high or (p.kind == "loguniform" and p.low <= 0):
             raise UserError(f"sweep.params[{key}]: need low < high (and low > 0 for loguniform)")
-        section = key.split(".")[0]
         value = int(p.low) if p.kind == "randint" else p.low
         try:  # the key must name a field of a config section (structured configs reject others)
-            config.load(section, [f"{key}={value}"])
+            config.check_overrides([f"{key}={value}"])
         except ConfigError as exc:
             raise UserError(f"sweep.params: {key} is not a config value: {exc}") from None
 
@@ -118,20 +123,16 @@ def to_overrides(params: dict[str, Any]) -> list[str]:
 _ENCODERS: dict[str, Any] = {}
 
 
-def _agent(overrides: list[str]) -> Any:
+def _agent(settings: Settings) -> Any:
     """A trajrag navigator with a retriever of its own (memory.* settings differ per trial) and
     the process's shared encoder."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.planners.scoring import ScoringPlanner
-    from trajrag.retrieval.retriever import _load_encoder, load_retriever
-
-    model_dir = config.load("retrieval", overrides).model_dir
-    if model_dir not in _ENCODERS:
-        _ENCODERS[model_dir] = _load_encoder(model_dir)
-    retriever = load_retriever(overrides, encoder=_ENCODERS[model_dir])
-    planner = ScoringPlanner(retriever, config.load("scoring", overrides))
-    return make_navigator(planner, config.load("sim", overrides), overrides, seed=0)
+    model_dir = settings.retrieval.model_dir
+    key = json.dumps([model_dir, config.to_dict(settings.encoder)], sort_keys=True)
+    if key not in _ENCODERS:
+        _ENCODERS[key] = load_encoder(model_dir, settings.encoder)
+    retriever = load_retriever(settings, encoder=_ENCODERS[key])
+    planner = ScoringPlanner(retriever, settings.scoring)
+    return make_navigator(planner, settings, seed=0)
 
 
 def _trial_wandb(params: dict, project: str) -> Any:
@@ -140,8 +141,6 @@ def _trial_wandb(params: dict, project: str) -> Any:
     WandbLoggerCallback, whose logging actor imports wandb before any code of ours runs in it,
     leaving two temporary folders in /tmp per trial (``ray_cluster.import_wandb``)."""
     from ray import tune
-
-    from trajrag.ray_cluster import import_wandb
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -152,24 +151,19 @@ def _trial_wandb(params: dict, project: str) -> Any:
     return setup_wandb(params, project=project, dir=folder)
 
 
-def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], base_overrides: list[str],
+def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], settings: Settings,
               chunk_episodes: int, wandb_project: str | None) -> None:
-    """Evaluate ``params`` chunk by chunk; ``tune.report`` the running means after each chunk:
+    """Evaluate ``params`` (overrides on top of the driver's ``settings``) chunk by chunk;
+    ``tune.report`` the running means after each chunk:
     ``sr``, ``spl``, ``dtg_m`` (over finite DTGs), ``episodes``, ``seconds``; the same to the
     trial's W&B run when ``wandb_project`` is given."""
     from ray import tune
 
-    from trajrag import config
-    from trajrag.agent.episode_runner import run_episode
-    from trajrag.ray_cluster import finish_wandb
-    from trajrag.world.metrics import summarize
-    from trajrag.world.sim import GridSimulator
-
     started = time.perf_counter()
-    overrides = [*base_overrides, *to_overrides(params)]
-    sim = GridSimulator(config.load("sim", overrides))
-    episode_cfg = config.load("episodes", overrides)
-    agent = _agent(overrides)
+    trial = settings.with_overrides(to_overrides(params))
+    sim = GridSimulator(trial.sim)
+    episode_cfg = trial.episodes
+    agent = _agent(trial)
     by_name = {scene.name: scene for scene in scenes}
     wandb_run = _trial_wandb(params, wandb_project) if wandb_project else None
     metrics = []
@@ -198,21 +192,19 @@ def run_trial(params: dict, *, scenes: Sequence[Any], episodes: Sequence[Any], b
 
 
 # -- the driver -----------------------------------------------------------------------------------
-def tuning_episodes(cfg: SweepConfig, overrides: Sequence[str]) -> tuple[list, list]:
+def tuning_episodes(cfg: SweepConfig, settings: Settings) -> tuple[list, list]:
     """The tuning scenes and their episodes, shuffled once (fixed seed) so that every chunk
     mixes homes and every trial sees the same episodes in the same order (ASHA compares trials
     at equal chunks)."""
-    from trajrag.world.datasets import load_episodes, load_scenes
-
-    scenes = load_scenes(cfg.scenes, overrides)
-    episodes = list(load_episodes(cfg.episodes, scenes, overrides))
+    scenes = load_scenes(cfg.scenes, settings)
+    episodes = list(load_episodes(cfg.episodes, scenes, settings))
     random.Random(cfg.shuffle_seed).shuffle(episodes)
     return scenes, episodes
 
 
-def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[str] = (), *,
+def sweep(store: str, model_dir: str, out_dir: str | Path, settings: Settings, *,
           num_samples: int | None = None, progress: bool = True, ray_address: str | None = None) -> dict:
-    """Run the sweep of ``configs/sweep.yaml`` (+ overrides) for the memory ``store`` and the
+    """Run the sweep of the ``sweep`` section of ``settings`` for the memory ``store`` and the
     encoder ``model_dir``; write ``best_config.json`` and ``results.csv`` under ``out_dir`` and
     return the best trial with a few counts. ``out_dir``: a folder or an object-store URI
     (``trajrag.artefacts``; Tune's experiment state then goes there directly)."""
@@ -220,25 +212,22 @@ def sweep(store: str, model_dir: str, out_dir: str | Path, overrides: Sequence[s
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from trajrag import config
-    from trajrag.cli import UserError
-    from trajrag.ray_cluster import ensure_ray
-
     started = time.perf_counter()
-    cfg: SweepConfig = config.load("sweep", overrides)
+    cfg = settings.sweep
     if num_samples is not None:
-        cfg.num_samples = int(num_samples)
+        cfg = replace(cfg, num_samples=int(num_samples))
     check_config(cfg)
     if not store or not model_dir:
         raise UserError("the sweep evaluates the trajrag planner: pass --store and --model")
     # Trials run in other folders (Tune's trial dirs): local paths must be absolute.
-    base = [f"retrieval.store={_absolute(store)}", f"retrieval.model_dir={_absolute(model_dir)}", *overrides]
+    base = settings.with_values({"retrieval.store": _absolute(store), "retrieval.model_dir": _absolute(model_dir)},
+                                beneath=True)
     scenes, episodes = tuning_episodes(cfg, base)
     n_chunks = math.ceil(len(episodes) / cfg.chunk_episodes)
     own_ray = ensure_ray(ray_address, max(os.cpu_count() or 1, cfg.max_concurrent_trials * cfg.trial_num_cpus))
     try:
         trainable = tune.with_resources(
-            tune.with_parameters(run_trial, scenes=scenes, episodes=episodes, base_overrides=base,
+            tune.with_parameters(run_trial, scenes=scenes, episodes=episodes, settings=base,
                                  chunk_episodes=cfg.chunk_episodes,
                                  wandb_project=cfg.wandb_project if cfg.wandb else None),
             {"cpu": cfg.trial_num_cpus})

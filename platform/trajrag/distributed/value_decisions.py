@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import ray
 from tqdm import tqdm
 
+from trajrag.agent.value_data import collect_value_decisions
 from trajrag.agent.value_parts import ValueWalkError
+from trajrag.config import Settings
 from trajrag.distributed.shards import first_line
 from trajrag.planners.frontier_value import ValueDecision
 
@@ -24,16 +26,11 @@ if TYPE_CHECKING:  # the walking code is imported by the tasks, not by the drive
     from trajrag.agent.value_data import SceneDone
 
 
-def _scene_decisions(scene: Any, episodes: list, goals: list[str], sim_cfg: Any, episode_cfg: Any, audit: Any,
-                     cfg: Any, overrides: list[str]) -> tuple[list[ValueDecision], list[str]]:
-    from trajrag.agent.value_data import collect_value_decisions
-
-    return collect_value_decisions([scene], episodes, goals, sim_cfg, episode_cfg, audit, cfg, overrides,
-                                   progress=False)
+def _scene_decisions(scene: Any, episodes: list, settings: Settings) -> tuple[list[ValueDecision], list[str]]:
+    return collect_value_decisions([scene], episodes, settings, progress=False)
 
 
-def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], goals: Sequence[str], sim_cfg: Any,
-                                episode_cfg: Any, audit: Any, cfg: Any, overrides: Sequence[str] = (),
+def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], settings: Settings,
                                 progress: bool = True, on_scene: Optional[SceneDone] = None
                                 ) -> tuple[list[ValueDecision], list[str]]:
     """``collect_value_decisions`` with one Ray task (one CPU) per scene on the running Ray;
@@ -45,8 +42,7 @@ def collect_value_decisions_ray(scenes: Sequence[Any], episodes: Sequence[Any], 
         by_scene.setdefault(episode.scene_key, []).append(episode)
     remote = ray.remote(num_cpus=1)(_scene_decisions)
     order = [scene.name for scene in scenes if scene.name in by_scene]
-    refs = [remote.remote(ray.put(scene), by_scene[scene.name], list(goals), sim_cfg, episode_cfg, audit, cfg,
-                          list(overrides)) for scene in scenes if scene.name in by_scene]
+    refs = [remote.remote(ray.put(scene), by_scene[scene.name], settings) for scene in scenes if scene.name in by_scene]
     scene_of = dict(zip(refs, order))
     results: dict[str, tuple] = {}
     failed: dict[str, str] = {}

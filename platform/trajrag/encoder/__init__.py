@@ -17,7 +17,6 @@ torch, transformers and Ray are imported by the submodules that need them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 
 class EncoderError(RuntimeError):
@@ -191,11 +190,6 @@ class EncoderConfig:
     bench: EncoderBenchConfig
 
 
-def load_config(overrides: Sequence[str] = ()) -> EncoderConfig:
-    """``configs/encoder.yaml`` with ``encoder.key=value`` overrides (e.g. ``encoder.train.epochs=5``)."""
-    from trajrag import config as config_mod
-
-    return config_mod.load("encoder", overrides)
 
 
 def torch_device(setting: str) -> str:

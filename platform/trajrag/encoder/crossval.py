@@ -12,45 +12,42 @@ encoder with a bootstrap interval over queries.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
-from trajrag.encoder import EncoderError, load_config, torch_device
-from trajrag.encoder.evaluate import paired_differences
+from trajrag.encoder import EncoderConfig, EncoderError, torch_device
+from trajrag.encoder.evaluate import evaluate_encoder, paired_differences
+from trajrag.encoder.node_encoder import NodeEncoder
+from trajrag.encoder.train import train_encoder
 
 EMBEDDINGS = ("trained", "text", "untrained")
 
 
-def cross_validate(store: Any, out_dir: str | Path, folds: int, *, workers: int | None = None,
-                   overrides: Sequence[str] = (), log: Callable[[str], None] | None = None) -> dict:
-    """Train and evaluate ``folds`` encoders (``<out_dir>/fold-I``); returns one JSON-able dict:
+def cross_validate(store: Any, out_dir: str | Path, folds: int, cfg: EncoderConfig, *, workers: int | None = None,
+                   log: Callable[[str], None] | None = None) -> dict:
+    """Train and evaluate ``folds`` encoders (``<out_dir>/fold-I``, each ``cfg`` with its
+    ``train.fold``); returns one JSON-able dict:
     ``folds``, ``queries``, pooled ``trained`` / ``text`` / ``untrained`` recall@k,
     ``trained_minus_text`` and ``trained_minus_untrained`` (recall@k difference with its 95%
     interval), and ``per_fold`` (held-out scenes, queries and recall@k of each)."""
-    from trajrag.encoder.evaluate import evaluate_encoder
-    from trajrag.encoder.node_encoder import NodeEncoder
-    from trajrag.encoder.train import train_encoder
-
     if folds < 2:
         raise EncoderError(f"cross-validation needs at least 2 folds, got {folds}")
     say = log or (lambda _msg: None)
-    cfg = load_config(overrides)
     ks = cfg.eval.ks
     # one frozen encoder (and its cache) for every fold
     node_encoder = NodeEncoder(cfg.node, device=torch_device(cfg.node.device))
     pooled: dict[str, dict[int, list[np.ndarray]]] = {name: {k: [] for k in ks} for name in EMBEDDINGS}
     per_fold = []
     for index in range(folds):
-        fold_overrides = [*overrides, f"encoder.train.fold={index}/{folds}"]
+        fold_cfg = replace(cfg, train=replace(cfg.train, fold=f"{index}/{folds}"))
         model_dir = Path(out_dir) / f"fold-{index}"
         say(f"fold {index + 1}/{folds}: training")
-        trained = train_encoder(store, model_dir, workers=workers, overrides=fold_overrides,
-                                node_encoder=node_encoder, log=say)
+        trained = train_encoder(store, model_dir, fold_cfg, workers=workers, node_encoder=node_encoder, log=say)
         hits: dict = {}
-        result = evaluate_encoder(store, model_dir, overrides=fold_overrides, write=False,
-                                  node_encoder=node_encoder, hits=hits)
+        result = evaluate_encoder(store, model_dir, fold_cfg, write=False, node_encoder=node_encoder, hits=hits)
         for name in EMBEDDINGS:
             for k in ks:
                 pooled[name][k].append(hits[name][k])

@@ -11,18 +11,24 @@
   topological group or sharing the same navigation goal"); every worker gets the same number
   of pairs, so the gathered batches line up.
 * ``synthetic_store``: a small store of synthetic homes for development and tests (the
-  generators of ``trajrag.bench.store`` inserted through ``TrajectoryMemory``).
+  generators of ``trajrag.memory.synthetic`` inserted through ``TrajectoryMemory``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from trajrag.encoder import EncoderError
+from trajrag.memory.grouping import TrajectoryMemory, decision_counts
+from trajrag.memory.store import CHUNKS, MemoryStore
+from trajrag.memory.synthetic import synthetic_scene, synthetic_trajectory
+
+if TYPE_CHECKING:  # the memory (LanceDB) is imported where a store is written
+    from trajrag.memory.grouping import MemoryConfig
 
 N_SECTORS = 12
 
@@ -49,8 +55,6 @@ def scene_key(scene_hint: str | None, group_id: int) -> str:
 def read_records(store: Any) -> tuple[list[ChunkRecord], dict[int, str]]:
     """Every chunk of ``store`` (a ``MemoryStore`` or a URI, opened read-only) with its current
     group (fusions resolved) and the label vocabulary (label id -> category name)."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=True)
     table = store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "n_nodes",
@@ -207,17 +211,13 @@ def worker_batches(anchors: np.ndarray, positives: np.ndarray, batch_size: int, 
 
 
 # -- synthetic stores (development, tests, benchmarks) ----------------------------------------------
-def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, *,
-                    length: tuple[int, int] = (5, 20), memory_overrides: Sequence[str] = ()) -> dict:
+def synthetic_store(uri: str, n_scenes: int, per_scene: int, seed: int, memory_cfg: MemoryConfig, *,
+                    length: tuple[int, int] = (5, 20)) -> dict:
     """Insert ``per_scene`` synthetic trajectories of each of ``n_scenes`` synthetic homes into the
-    store at ``uri`` (created if needed) through the real memory (matching, grouping,
-    redundancy); returns the decision counts."""
-    from trajrag import config as config_mod
-    from trajrag.bench.store import synthetic_scene, synthetic_trajectory
-    from trajrag.memory.grouping import TrajectoryMemory, decision_counts
-
+    store at ``uri`` (created if needed) through the real memory (``memory_cfg``: the ``memory``
+    section: matching, grouping, redundancy); returns the decision counts."""
     rng = np.random.default_rng(seed)
-    memory = TrajectoryMemory(uri, config_mod.load("memory", memory_overrides))
+    memory = TrajectoryMemory(uri, memory_cfg)
     trajs = []
     for s in range(n_scenes):
         scene = synthetic_scene(rng, f"synthetic-{seed}-{s:03d}")

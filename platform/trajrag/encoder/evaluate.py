@@ -30,8 +30,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from trajrag.bootstrap import paired_interval
-from trajrag.encoder import EncoderConfig, EncoderError, RecallNotMeasurable, load_config, torch_device
+from trajrag.encoder import EncoderConfig, EncoderError, RecallNotMeasurable, torch_device
 from trajrag.encoder.data import ChunkRecord, encode_records, read_records
+from trajrag.memory.store import MemoryStore, StoreError, claim_store
+from trajrag.topo.describe import describe
+from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
 def query_hits(z: np.ndarray, group: np.ndarray, ks: Sequence[int]) -> dict[int, np.ndarray]:
@@ -76,8 +79,6 @@ def _description(record: ChunkRecord, names: Mapping[int, str]) -> str:
     """The stored description, or L(T_tp) rebuilt from the chunk when the store has none."""
     if record.description:
         return record.description
-    from trajrag.topo.describe import describe
-    from trajrag.topo.trajectory import TopoPolarTrajectory
 
     categories = tuple(names[k] for k in range(max(names, default=-1) + 1))
     return describe(TopoPolarTrajectory(record.node_xy, record.sectors, categories, record.goal,
@@ -93,8 +94,6 @@ def write_embeddings(store: Any, ids: Sequence[str], z: np.ndarray, version: str
     ``MemoryStore.update_embeddings`` call (ids no longer stored are skipped; the store journals
     the update so a later writer does not roll it back).
     """
-    from trajrag.memory.store import MemoryStore, StoreError
-
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
     z = np.asarray(z, dtype=np.float32)
@@ -119,7 +118,6 @@ def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names
     """Write ``encoder``'s (a ``TrajectoryEncoder``) embedding of every record into ``store``,
     claimed for the write (``claim_store``: not while a corpus build adds chunks)."""
     from trajrag.encoder.model import embed
-    from trajrag.memory.store import claim_store
 
     with claim_store(store.uri, f"embeddings of encoder {encoder.version}"):
         data = encode_records(records, names, encoder.node_encoder)
@@ -128,26 +126,22 @@ def embed_chunks(store: Any, encoder: Any, records: Sequence[ChunkRecord], names
         return write_embeddings(store, data.ids, z, encoder.version, cfg.eval.write_batch)
 
 
-def embed_store(store: Any, model_dir: str | Path, overrides: Sequence[str] = (), *,
-                node_encoder: Any = None) -> int:
+def embed_store(store: Any, model_dir: str | Path, cfg: EncoderConfig, *, node_encoder: Any = None) -> int:
     """Embed every chunk of ``store`` (a writable ``MemoryStore`` or URI) with the model in
-    ``model_dir`` (``node_encoder``: an already loaded one to share); returns the chunks written."""
+    ``model_dir`` (``cfg``: the ``encoder`` section; ``node_encoder``: an already loaded one to
+    share); returns the chunks written."""
     from trajrag.encoder.model import TrajectoryEncoder
-    from trajrag.memory.store import MemoryStore
 
-    cfg = load_config(overrides)
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store))
-    encoder = TrajectoryEncoder(model_dir, device=torch_device(cfg.node.device), node_encoder=node_encoder,
-                                batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
+    encoder = TrajectoryEncoder(model_dir, cfg, device=torch_device(cfg.node.device), node_encoder=node_encoder)
     records, names = read_records(store)
     written = embed_chunks(store, encoder, records, names, cfg)
     encoder.node_encoder.save_cache(encoder.folder / "node_cache.safetensors")
     return written
 
 
-def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | None = None, *,
-                     overrides: Sequence[str] = (), write: bool = True,
+def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig, *, write: bool = True,
                      node_encoder: Any = None, hits: dict | None = None) -> dict:
     """Held-out recall of the trained encoder, the text baseline and the untrained encoder, then
     (``write``) every chunk's embedding written, whether recall could be measured or not.
@@ -161,13 +155,10 @@ def evaluate_encoder(store: Any, model_dir: str | Path, cfg: EncoderConfig | Non
     and a fold without queries raises ``RecallNotMeasurable``.
     """
     from trajrag.encoder.model import TrajectoryEncoder
-    from trajrag.memory.store import MemoryStore
 
-    cfg = cfg or load_config(overrides)
     if not isinstance(store, MemoryStore):
         store = MemoryStore(str(store), read_only=not write)
-    encoder = TrajectoryEncoder(model_dir, device=torch_device(cfg.node.device), node_encoder=node_encoder,
-                                batch_size=cfg.eval.encode_batch, node_cfg=cfg.node)
+    encoder = TrajectoryEncoder(model_dir, cfg, device=torch_device(cfg.node.device), node_encoder=node_encoder)
     records, names = read_records(store)
     trained_on = set(encoder.meta.get("train_scenes", []))
     held = [r for r in records if r.scene not in trained_on]

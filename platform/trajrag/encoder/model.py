@@ -28,7 +28,8 @@ from torch import nn
 
 from trajrag import artefacts
 from trajrag import config as config_mod
-from trajrag.encoder import EncoderError, ModelConfig, NodeEncoderConfig
+from trajrag.encoder import EncoderConfig, EncoderError, ModelConfig
+from trajrag.encoder.node_encoder import NodeEncoder
 from trajrag.topo.representation import TPS_GS
 
 WEIGHTS = "model.safetensors"
@@ -69,8 +70,8 @@ class TrajectoryModel(nn.Module):
       representation starts out as that one node's.
     * With ``pooling: end_mean`` the mean of the nodes' final states is added to the end token's:
       a small GPT-2 trained from scratch on a memory's few thousand pairs forgets much of what the
-      frozen node embeddings say about a place, and the mean carries it through (held-out
-      same-place recall +4 to +8 points, docs/results.md).
+      frozen node embeddings say about a place, and the mean carries it through (figures:
+      docs/notes/2026-12-config-history.md, encoder ``model.pooling``).
 
     ``node_dim``: width of h_k and h_g. ``gpt2_config``: a ``GPT2Config`` dict to rebuild a saved
     model (else ``cfg`` or ``cfg.init_from`` decides the architecture).
@@ -368,16 +369,14 @@ def load_model_dir(model_dir: str | Path, device: str = "cpu") -> tuple[Trajecto
 class TrajectoryEncoder:
     """f_E for retrieval: a trained model folder plus the frozen node encoder it was trained with.
 
-    ``node_encoder``: an already loaded ``NodeEncoder`` to share (its model must be the one the
-    folder names, by version); else it is loaded from the folder's record.
+    ``cfg``: the ``encoder`` section (``eval.encode_batch``, and ``node``: the node encoder's
+    settings but for the model the folder names). ``node_encoder``: an already loaded
+    ``NodeEncoder`` to share (its model must be the one the folder names, by version); else it is
+    loaded from the folder's record.
     """
 
-    def __init__(self, model_dir: str | Path, device: str = "cpu", node_encoder=None,
-                 batch_size: int | None = None, node_cfg: NodeEncoderConfig | None = None) -> None:
+    def __init__(self, model_dir: str | Path, cfg: EncoderConfig, device: str = "cpu", node_encoder=None) -> None:
         from dataclasses import replace
-
-        from trajrag.encoder import load_config
-        from trajrag.encoder.node_encoder import NodeEncoder
 
         self.model, self.meta = load_model_dir(model_dir, device)
         # The local folder (a URI's copy on this node): the node-encoding cache is kept there.
@@ -385,14 +384,13 @@ class TrajectoryEncoder:
         self.version: str = self.meta["encoder_version"]
         self.dim: int = int(self.meta["z_dim"])
         self.device = device
-        defaults = None if (node_cfg and batch_size) else load_config()
-        self.batch_size = int(batch_size or defaults.eval.encode_batch)
+        self.batch_size = int(cfg.eval.encode_batch)
         info = self.meta["node_encoder"]
         if node_encoder is None:
             # The node encoder the model was trained with; batch size etc. from the config.
             node_cfg = replace(
-                node_cfg or defaults.node, model_dir=info["model_dir"] if not info.get("package") else "",
-                package=info.get("package") or (node_cfg or defaults.node).package,
+                cfg.node, model_dir=info["model_dir"] if not info.get("package") else "",
+                package=info.get("package") or cfg.node.package,
                 max_length=int(info["max_length"]), free_word=info["free_word"],
                 obstacle_word=info["obstacle_word"], unknown_word=info["unknown_word"],
                 representation=info.get("representation", TPS_GS))

@@ -31,13 +31,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from trajrag import artefacts
 from trajrag import config as config_mod
-from trajrag.encoder import EncoderConfig, EncoderError, load_config, torch_device
+from trajrag.encoder import EncoderConfig, EncoderError, torch_device
 from trajrag.encoder.data import (
     EncodedSet,
     crop_sequence,
@@ -47,6 +47,7 @@ from trajrag.encoder.data import (
     split_scenes,
     worker_batches,
 )
+from trajrag.encoder.node_encoder import NodeEncoder
 from trajrag.ray_cluster import ensure_ray, finish_wandb, import_wandb
 
 NODE_CACHE = "node_cache.safetensors"
@@ -369,18 +370,15 @@ def _storage(cfg: EncoderConfig, out_dir: str | Path) -> str:
     return path if artefacts.is_uri(path) else str(Path(path).resolve())
 
 
-def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig | None = None, *,
-                  workers: int | None = None, overrides: Sequence[str] = (),
+def train_encoder(store: Any, out_dir: str | Path, cfg: EncoderConfig, *, workers: int | None = None,
                   fault: Mapping[str, Any] | None = None, node_encoder: Any = None,
                   log: Callable[[str], None] | None = None) -> TrainResult:
     """Train the trajectory encoder on the chunks of ``store`` and write it to ``out_dir``.
 
-    store: a ``MemoryStore`` or its URI. cfg: the ``encoder`` config (default: configs/encoder.yaml
-    with ``overrides``). workers: Ray Train workers (default ``cfg.train.workers``). fault: test
+    store: a ``MemoryStore`` or its URI. cfg: the ``encoder`` section. workers: Ray Train workers (default ``cfg.train.workers``). fault: test
     hook, see ``_maybe_fail``. node_encoder: a loaded ``NodeEncoder`` to reuse. log: progress lines.
     out_dir: a folder or an object-store URI (``trajrag.artefacts``: written locally, then uploaded).
     """
-    cfg = cfg or load_config(overrides)
     with artefacts.output_folder(out_dir) as out:
         result = _train_into(store, out, _storage(cfg, out_dir), cfg, workers=workers, fault=fault,
                              node_encoder=node_encoder, log=log)
@@ -395,7 +393,6 @@ def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, work
     """``train_encoder`` with the model written to the local folder ``out`` and Ray Train's
     checkpoints under ``storage``."""
     from trajrag.encoder.model import build_model, fine_tune_start, load_weights, save_model_dir
-    from trajrag.encoder.node_encoder import NodeEncoder
 
     started = time.perf_counter()
     say = log or (lambda _msg: None)

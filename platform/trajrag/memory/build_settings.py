@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from trajrag.memory.store import SideTable, StoreError
+from trajrag.memory.side_table import SideTable
+from trajrag.memory.store import StoreError
 
 TABLE = "build_settings"
 SCHEMA = pa.schema([pa.field("recorded_at", pa.string(), nullable=False),

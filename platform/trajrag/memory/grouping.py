@@ -3,7 +3,7 @@
 ``TrajectoryMemory(store, cfg).insert(traj)`` follows the paper's "During navigation, TrajRAG is
 incrementally constructed":
 
-1. **Prefilter** (ours, for scale; ``matching.NodeIndex``): every summary node has a
+1. **Prefilter** (ours, for scale; ``prefilter.NodeIndex``): every summary node has a
    rotation-invariant descriptor (hashed counts of label pairs at each angular offset, in an
    in-memory float32 matrix); each node of the new trajectory votes for the groups of its most
    similar summary nodes, and only the ``candidates`` best-voted groups are matched exactly. The
@@ -46,6 +46,12 @@ nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit;
 state follows each decision, so later trajectories of a batch see the earlier ones. Several
 writers, each the groups of a share of the scenes (``MemoryShard``), over one store:
 ``memory.shards``. ``TrajectoryMemory.seconds`` times the phases of an insert (``PHASES``).
+
+Where the parts live: what an insert accepts and the chunk row it becomes, ``memory.prepare``;
+the prefilter's vote (step 1), ``memory.prefilter``; the match (step 2), ``memory.matching``
+and its SE(2) estimation ``memory.se2``; a summary and the node folding of steps 4 and 5,
+``memory.summary``; the tables, ``memory.schema`` and ``memory.store``. This module keeps the
+writer's state (summaries, members, known ids) and its decisions.
 """
 
 from __future__ import annotations
@@ -56,19 +62,15 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from trajrag.memory.matching import (
     N_SECTORS,
     SECTOR_ANGLE,
-    IVFParams,
     MatchParams,
     MatchResult,
-    NodeIndex,
-    Transform2D,
     VerifierConfig,
     implied_shift,
     match,
@@ -77,16 +79,34 @@ from trajrag.memory.matching import (
     rotate_sectors,
     sector_similarity_batch,
 )
-from trajrag.memory.store import (
-    CHUNKS, DECISIONS, MAP_COLUMNS, Batch, MemoryStore, StoreError, label_categories)
-from trajrag.topo.describe import describe
-from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
+from trajrag.memory.prefilter import IVFParams, NodeIndex
+from trajrag.memory.prepare import (
+    GEOMETRY_MAP,
+    GEOMETRY_WALK,
+    Prepared,
+    TopoPolarLike,
+    chunk_row,
+    prepare,
+    trajectory_key,
+)
+from trajrag.memory.schema import CHUNKS, DECISIONS, label_categories, utc_now
+from trajrag.memory.se2 import Transform2D
+from trajrag.memory.store import Batch, MemoryStore, StoreError
+from trajrag.memory.summary import (
+    SUMMARY_COLUMNS,
+    Member,
+    Summary,
+    collapse_repeats,
+    fold_nodes,
+    is_subsequence,
+    map_nodes,
+    summary_from_row,
+    summary_row,
+)
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 # Store-wide label ids are int8 in the chunks table (compact storage).
 MAX_LABEL = 127
-# memory.summary_geometry: summaries of the walked nodes (the paper) or of the walks' maps.
-GEOMETRY_WALK, GEOMETRY_MAP = "walk", "map"
 # The phases of an insert that ``TrajectoryMemory.seconds`` times: validation and label mapping,
 # the chunk text L(T_tp), the prefilter's vote, Eq. 8 against the candidates, mutual KNN + RANSAC
 # + edge support per candidate, the decision's summary and index updates, the LanceDB commit.
@@ -140,17 +160,6 @@ class MemoryConfig:
             min_score=self.min_score, min_edge_support=self.min_edge_support)
 
 
-class TopoPolarLike(Protocol):
-    """The fields of ``topo.trajectory.TopoPolarTrajectory`` that the memory reads."""
-
-    node_xy: np.ndarray  # float (K, 2) metres, map frame
-    sectors: np.ndarray  # int (K, 12) labels, category ids index ``categories``
-    edges: np.ndarray  # int (K - 1, 2)
-    categories: Sequence[str]
-    goal: str
-    reference_yaw: float  # radians
-
-
 @dataclass(frozen=True)
 class MemoryShard:
     """One of ``count`` grouping writers' part of a memory (``memory.shards``): the groups whose
@@ -176,126 +185,6 @@ class Decision:
     other_id: str | None = None
     reason: str = ""
     superseded: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Summary:
-    """A group's topo-polar summary in the group frame (metres, radians, store label ids)."""
-
-    group_id: int
-    node_xy: np.ndarray  # (N, 2) float64
-    sectors: np.ndarray  # (N, 12) int16
-    node_count: np.ndarray  # (N,) int32
-    edges: set[tuple[int, int]]
-    reference_yaw: float
-    n_members: int
-    scene_hints: list[str]
-    goals: list[str]
-
-    @property
-    def n_nodes(self) -> int:
-        return len(self.node_xy)
-
-
-@dataclass
-class _Member:
-    trajectory_id: str
-    seq: tuple[int, ...]
-    nodes: frozenset[int]
-
-
-@dataclass
-class _Nodes:
-    """Nodes that are matched against summaries and fused into them (store label ids)."""
-
-    node_xy: np.ndarray
-    sectors: np.ndarray
-    edges: np.ndarray
-    reference_yaw: float
-
-
-@dataclass
-class _Prepared:
-    """A validated trajectory, sectors in store label ids.
-
-    geometry: what is matched and fused (the walk's own nodes, or with ``summary_geometry:
-    map`` the nodes of the map it was walked in); walk_nodes: int (K,) each walk node's index
-    into ``geometry``. place / place_walk_nodes: the map it was walked in and its walk's nodes
-    in it, whatever the geometry (stored with the chunk), or None."""
-
-    trajectory_id: str
-    node_xy: np.ndarray
-    sectors: np.ndarray
-    edges: np.ndarray
-    goal: str
-    reference_yaw: float
-    scene_hint: str
-    episode_id: str
-    policy: str
-    success: bool
-    description: str
-    geometry: _Nodes
-    walk_nodes: np.ndarray
-    place: _Nodes | None = None
-    place_walk_nodes: np.ndarray | None = None
-
-
-def _to_store_labels(sectors: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """Sector labels with category ids (>= 0) mapped through ``lut`` to store label ids; the
-    special labels (negative) unchanged. int16, the shape of ``sectors``."""
-    mapped = np.where(sectors >= 0, lut[np.clip(sectors, 0, None)] if len(lut) else 0, sectors)
-    return mapped.astype(np.int16)
-
-
-def _attr(obj: Any, names: Iterable[str], default: Any = None) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None and value != "":
-            return value
-    return default
-
-
-def trajectory_key(traj: Any, policy: str | None = None) -> str:
-    """The chunk key: ``traj.trajectory_id`` if it has one, else ``scene_id/episode_id[/policy]``.
-
-    Pass ``policy`` when several collectors run the same episodes, so their trajectories differ.
-    """
-    explicit = _attr(traj, ("trajectory_id",))
-    if explicit is not None:
-        return str(explicit)
-    parts = [str(_attr(traj, ("scene_id", "scene_key"), "")), str(_attr(traj, ("episode_id",), ""))]
-    if not any(parts):
-        raise ValueError("trajectory has no trajectory_id, scene_id or episode_id to key it by")
-    policy = policy if policy is not None else _attr(traj, ("policy",))
-    return "/".join(parts + ([str(policy)] if policy else []))
-
-
-def chunk_description(traj: TopoPolarLike) -> str:
-    """L(T_tp), the paper's chunk text (~85 bytes a node; the encoder stage may re-derive it).
-    The memory writes it unless the trajectory carries it (``traj.description``): collectors
-    attach it, since it costs the single writer as much as a quarter of an insert."""
-    return describe(TopoPolarTrajectory(
-        np.asarray(traj.node_xy, dtype=np.float64), np.asarray(traj.sectors), tuple(traj.categories),
-        str(traj.goal), float(traj.reference_yaw), success=bool(_attr(traj, ("success",), False))))
-
-
-def is_subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
-    """``short`` appears in ``long`` in the same order (not necessarily contiguous)."""
-    it = iter(long)
-    return all(x in it for x in short)
-
-
-def collapse_repeats(seq: Iterable[int]) -> tuple[int, ...]:
-    """Drop consecutive repeats (two trajectory nodes fused into one summary node)."""
-    out: list[int] = []
-    for x in seq:
-        if not out or out[-1] != x:
-            out.append(int(x))
-    return tuple(out)
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class _SeededDraws:
@@ -341,7 +230,7 @@ class TrajectoryMemory:
         self.seconds: Counter[str] = Counter()
         # Called with (prepared trajectory, group id, match) for every candidate an insert
         # matches, before it decides (``memory.verifier`` collects its training evidence so).
-        self.on_match: Callable[[_Prepared, int, MatchResult], None] | None = None
+        self.on_match: Callable[[Prepared, int, MatchResult], None] | None = None
         self._reset_pending()
         self.reload()
 
@@ -366,18 +255,8 @@ class TrajectoryMemory:
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
         self.index = NodeIndex(self.cfg.descriptor_dim, self.cfg.ivf_params())
-        for row in self.store.read_summaries([
-            "group_id", "node_xy", "sectors", "node_count", "edges", "reference_yaw",
-            "n_members", "scene_hints", "goals"]).to_pylist():
-            summary = Summary(
-                group_id=int(row["group_id"]),
-                node_xy=np.asarray(row["node_xy"], dtype=np.float64).reshape(-1, 2),
-                sectors=np.asarray(row["sectors"], dtype=np.int16).reshape(-1, N_SECTORS),
-                node_count=np.asarray(row["node_count"], dtype=np.int32),
-                edges={(int(a), int(b)) for a, b in
-                       np.asarray(row["edges"], dtype=np.int64).reshape(-1, 2)},
-                reference_yaw=float(row["reference_yaw"]), n_members=0,
-                scene_hints=list(row["scene_hints"] or []), goals=list(row["goals"] or []))
+        for row in self.store.read_summaries(SUMMARY_COLUMNS).to_pylist():
+            summary = summary_from_row(row)
             if not self.shard.holds(summary.group_id):
                 continue
             self.summaries[summary.group_id] = summary
@@ -388,7 +267,7 @@ class TrajectoryMemory:
         self._rejected_ids = set(rejected.column("trajectory_id").to_pylist()) - {""}
         chunks = self.store.read(CHUNKS, ["trajectory_id", "group_id", "goal", "summary_nodes"])
         aliases = self.store.group_aliases()
-        self._members: dict[int, dict[str, list[_Member]]] = {}
+        self._members: dict[int, dict[str, list[Member]]] = {}
         self._chunk_ids: set[str] = set()
         for tid, gid, goal, nodes in zip(*(chunks.column(c).to_pylist() for c in chunks.column_names)):
             gid = int(gid)
@@ -410,7 +289,7 @@ class TrajectoryMemory:
 
     def _add_member(self, gid: int, goal: str, tid: str, seq: tuple[int, ...]) -> None:
         self._members.setdefault(gid, {}).setdefault(goal, []).append(
-            _Member(tid, seq, frozenset(seq)))
+            Member(tid, seq, frozenset(seq)))
 
     @property
     def n_groups(self) -> int:
@@ -430,7 +309,7 @@ class TrajectoryMemory:
         return (trajectory_id in self._chunk_ids or trajectory_id in self._redundant_ids
                 or trajectory_id in self._rejected_ids)
 
-    # -- preparation ---------------------------------------------------------------------------
+    # -- preparation (``memory.prepare``) ------------------------------------------------------
 
     def _label_lut(self, categories: Sequence[str]) -> np.ndarray:
         """Trajectory category id -> store label id; new names are added to the vocabulary."""
@@ -447,84 +326,6 @@ class TrajectoryMemory:
             lut[k] = self._vocab[name]
         return lut
 
-    def _prepare(self, traj: Any, tid: str, description: str | None,
-                 policy: str | None) -> _Prepared | str:
-        """A validated, vocabulary-mapped trajectory, or the reason it is rejected."""
-        try:
-            xy = np.asarray(traj.node_xy, dtype=np.float64)
-            sectors = np.asarray(traj.sectors)
-            edges = np.asarray(traj.edges, dtype=np.int64).reshape(-1, 2)
-            categories = tuple(traj.categories)
-            goal = str(traj.goal)
-            ref = float(traj.reference_yaw)
-        except (AttributeError, TypeError, ValueError) as exc:
-            return f"not a topo-polar trajectory: {exc}"
-        if xy.ndim != 2 or xy.shape[1] != 2 or len(xy) < 2:
-            return f"needs at least 2 nodes with (x, y), got node_xy shape {xy.shape}"
-        if not np.isfinite(xy).all():
-            return f"node_xy has non-finite values at nodes {np.where(~np.isfinite(xy).all(1))[0].tolist()}"
-        if sectors.shape != (len(xy), N_SECTORS) or not np.issubdtype(sectors.dtype, np.integer):
-            return f"sectors must be int ({len(xy)}, {N_SECTORS}), got {sectors.dtype} {sectors.shape}"
-        bad = (sectors < UNKNOWN) | (sectors >= len(categories))
-        if bad.any():
-            return (f"unknown sector labels {sorted(set(sectors[bad].tolist()))[:5]} "
-                    f"(valid: {FREE}, {OBSTACLE}, {UNKNOWN} and 0..{len(categories) - 1})")
-        if len(edges) and (edges.min() < 0 or edges.max() >= len(xy)):
-            return f"edges reference nodes outside 0..{len(xy) - 1}"
-        if not goal:
-            return "empty goal"
-        if not math.isfinite(ref):
-            return f"reference_yaw is {ref}"
-        try:
-            lut = self._label_lut(categories)
-        except ValueError as exc:
-            return str(exc)
-        mapped = _to_store_labels(sectors, lut)
-        success = bool(_attr(traj, ("success",), False))
-        if description is None:
-            description = _attr(traj, ("description",))
-        if description is None:
-            with self._timed("describe"):
-                description = chunk_description(traj)
-        place = self._map_geometry(traj, xy, lut, ref)
-        if isinstance(place, str):
-            return place
-        place_nodes, place_walk_nodes = place if place is not None else (None, None)
-        geometry, walk_nodes = _Nodes(xy, mapped, edges, ref), np.arange(len(xy))
-        if self.cfg.summary_geometry == GEOMETRY_MAP and place is not None:
-            geometry, walk_nodes = place
-        return _Prepared(
-            trajectory_id=tid, node_xy=xy, sectors=mapped, edges=edges, goal=goal,
-            reference_yaw=ref,
-            scene_hint=str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), "")),
-            episode_id=str(_attr(traj, ("episode_id",), "")),
-            policy=str(policy if policy is not None else _attr(traj, ("policy",), "")),
-            success=success, description=str(description), geometry=geometry, walk_nodes=walk_nodes,
-            place=place_nodes, place_walk_nodes=place_walk_nodes)
-
-    @staticmethod
-    def _map_geometry(traj: Any, xy: np.ndarray, lut: np.ndarray,
-                      ref: float) -> tuple[_Nodes, np.ndarray] | str | None:
-        """The map the trajectory was walked in (``traj.place``, a ``topo.candidates.MapPlace``
-        whose nodes ``traj.node_ids`` index) as matching geometry, or None when it carries none,
-        or the reason it does not fit the trajectory."""
-        place = getattr(traj, "place", None)
-        if place is None:
-            return None
-        ids = np.asarray(getattr(traj, "node_ids", ()), dtype=np.int64)
-        pxy = np.asarray(place.node_xy, dtype=np.float64).reshape(-1, 2)
-        if len(ids) != len(xy) or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(pxy) \
-                or not np.allclose(pxy[ids], xy, atol=1e-3):
-            return "its map place does not hold its nodes (node_ids do not index place.node_xy)"
-        if tuple(place.categories) != tuple(traj.categories) or float(place.reference_yaw) != ref:
-            return "its map place has other categories or another reference heading"
-        sectors = np.asarray(place.sectors)
-        if not np.isfinite(pxy).all() or sectors.shape != (len(pxy), N_SECTORS) \
-                or ((sectors < UNKNOWN) | (sectors >= len(lut))).any():
-            return "its map place has non-finite positions or invalid sector labels"
-        return _Nodes(pxy, _to_store_labels(sectors, lut), np.asarray(place.edges, dtype=np.int64).reshape(-1, 2), ref), ids
-
-    # -- matching ------------------------------------------------------------------------------
 
     def candidates(self, sectors: np.ndarray) -> list[int]:
         """The prefilter's candidate group ids, best first (``sectors`` in store label ids)."""
@@ -534,7 +335,7 @@ class TrajectoryMemory:
         # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
         return _SeededDraws([self.cfg.seed, zlib.crc32(tid.encode())])
 
-    def match_group(self, prep: _Prepared, group_id: int, sim_all: np.ndarray) -> MatchResult:
+    def match_group(self, prep: Prepared, group_id: int, sim_all: np.ndarray) -> MatchResult:
         """Match ``prep`` against one group given their sector similarities at every shift
         (``matching.sector_similarity_batch``); with ``memory.verifier`` on, the verifier accepts."""
         summary = self.summaries[group_id]
@@ -549,12 +350,12 @@ class TrajectoryMemory:
                     and verifier.logit(self.pose_evidence(prep, summary, result)) >= verifier.threshold)
         return replace(result, accepted=verified)
 
-    def pose_evidence(self, prep: _Prepared, summary: Summary, result: MatchResult) -> dict[str, float]:
+    def pose_evidence(self, prep: Prepared, summary: Summary, result: MatchResult) -> dict[str, float]:
         """``matching.pose_evidence`` of a match of ``prep`` to ``summary``."""
         return pose_evidence(prep.geometry, summary, result, self.cfg.min_node_similarity,
                              self.cfg.ransac_threshold_m)
 
-    def _accepted_matches(self, prep: _Prepared) -> list[tuple[int, MatchResult]]:
+    def _accepted_matches(self, prep: Prepared) -> list[tuple[int, MatchResult]]:
         """Accepted candidate matches, best first (inlier ratio, then inlier count)."""
         with self._timed("candidates"):
             groups = self.candidates(prep.geometry.sectors)
@@ -570,62 +371,17 @@ class TrajectoryMemory:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def _map_nodes(self, prep: _Prepared, summary: Summary,
-                   result: MatchResult) -> tuple[np.ndarray, np.ndarray]:
-        """Summary node id for each geometry node (-1: a new node) and the moved positions."""
-        T = result.transform
-        moved = T.apply(prep.geometry.node_xy)
-        mapping = np.full(len(moved), -1, dtype=np.int64)
-        best_d = np.full(len(moved), np.inf)
-        for i, j in result.pairs[result.inliers]:
-            d = float(np.linalg.norm(moved[i] - summary.node_xy[j]))
-            if d < best_d[i]:
-                mapping[i], best_d[i] = j, d
-        rest = np.where(mapping < 0)[0]
-        if len(rest):
-            d = np.linalg.norm(moved[rest, None, :] - summary.node_xy[None, :, :], axis=2)
-            nearest = d.argmin(axis=1)
-            close = d[np.arange(len(rest)), nearest] <= self.cfg.merge_radius_m
-            mapping[rest[close]] = nearest[close]
-        return mapping, moved
-
     def _record(self, decision: Decision) -> Decision:
         T = decision.transform
         self._pending.decisions.append({
             "seq": self._next_seq, "trajectory_id": decision.trajectory_id,
             "action": decision.action, "group_id": decision.group_id,
             "score": float(decision.score), "transform": T.as_list() if T else None,
-            "other_id": decision.other_id, "reason": decision.reason, "created_at": _now()})
+            "other_id": decision.other_id, "reason": decision.reason, "created_at": utc_now()})
         self._next_seq += 1
         return decision
 
-    def _chunk_row(self, prep: _Prepared, gid: int, T: Transform2D,
-                   summary_nodes: np.ndarray) -> dict:
-        return {
-            "trajectory_id": prep.trajectory_id, "group_id": gid, "scene_hint": prep.scene_hint,
-            "goal": prep.goal, "n_nodes": len(prep.node_xy),
-            "node_xy": prep.node_xy.astype(np.float32).ravel(),
-            "sectors": prep.sectors.astype(np.int8).ravel(),
-            "edges": prep.edges.astype(np.int32).ravel(),
-            "summary_nodes": np.asarray(summary_nodes, dtype=np.int32),
-            "group_transform": np.asarray(T.as_list(), dtype=np.float32),
-            "reference_yaw": prep.reference_yaw, "description": prep.description,
-            "embedding": None, "encoder_version": None, "episode_id": prep.episode_id,
-            "policy": prep.policy, "success": prep.success, "created_at": _now(),
-            **self._map_columns(prep)}
-
-    @staticmethod
-    def _map_columns(prep: _Prepared) -> dict:
-        """The chunk's ``map_*`` columns (``memory.store``): its map, or nulls."""
-        place = prep.place
-        if place is None:
-            return dict.fromkeys(MAP_COLUMNS)
-        return {"map_xy": place.node_xy.astype(np.float32).ravel(),
-                "map_sectors": place.sectors.astype(np.int8).ravel(),
-                "map_edges": place.edges.astype(np.int32).ravel(),
-                "map_walk_nodes": prep.place_walk_nodes.astype(np.int32)}
-
-    def _new_group(self, prep: _Prepared) -> Decision:
+    def _new_group(self, prep: Prepared) -> Decision:
         gid = self._next_group
         self._next_group += self.shard.count
         geo = prep.geometry
@@ -637,16 +393,17 @@ class TrajectoryMemory:
         self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
         nodes = prep.walk_nodes
-        self._pending.chunks.append(self._chunk_row(prep, gid, Transform2D.identity(), nodes))
+        self._pending.chunks.append(chunk_row(prep, gid, Transform2D.identity(), nodes))
         self._chunk_ids.add(prep.trajectory_id)
         self._add_member(gid, prep.goal, prep.trajectory_id, collapse_repeats(nodes))
         return self._record(Decision(prep.trajectory_id, "new", gid, 1.0, Transform2D.identity(),
                                      reason="no summary matched"))
 
-    def _merge(self, prep: _Prepared, gid: int, result: MatchResult) -> Decision:
+    def _merge(self, prep: Prepared, gid: int, result: MatchResult) -> Decision:
         summary = self.summaries[gid]
         T = result.transform
-        mapping, moved = self._map_nodes(prep, summary, result)
+        moved = T.apply(prep.geometry.node_xy)
+        mapping = map_nodes(moved, summary, result, self.cfg.merge_radius_m)
         walk = mapping[prep.walk_nodes]
         seq_known = collapse_repeats(walk) if (walk >= 0).all() else None
         members = self._members.get(gid, {}).get(prep.goal, [])
@@ -661,23 +418,8 @@ class TrajectoryMemory:
         # Fuse into the summary: new nodes first, so that every trajectory node has an id.
         shift = implied_shift(T.theta, prep.reference_yaw, summary.reference_yaw)
         rotated = rotate_sectors(prep.geometry.sectors, shift)
-        new = np.where(mapping < 0)[0]
-        mapping[new] = summary.n_nodes + np.arange(len(new))
-        old = np.setdiff1d(np.arange(len(mapping)), new)
-        for i in old:
-            j = mapping[i]
-            c = summary.node_count[j]
-            summary.node_xy[j] = (summary.node_xy[j] * c + moved[i]) / (c + 1)
-            summary.node_count[j] = c + 1
-            unknown = summary.sectors[j] == UNKNOWN
-            summary.sectors[j, unknown] = rotated[i, unknown]
-        summary.node_xy = np.concatenate([summary.node_xy, moved[new]])
-        summary.sectors = np.concatenate([summary.sectors, rotated[new]])
-        summary.node_count = np.concatenate([summary.node_count, np.ones(len(new), np.int32)])
-        for a, b in prep.geometry.edges.tolist():
-            u, v = int(mapping[a]), int(mapping[b])
-            if u != v:
-                summary.edges.add((min(u, v), max(u, v)))
+        n_new = fold_nodes(summary, mapping, moved, rotated, np.ones(len(mapping), np.int32),
+                           prep.geometry.edges.tolist())
         if prep.scene_hint and prep.scene_hint not in summary.scene_hints:
             summary.scene_hints.append(prep.scene_hint)
         if prep.goal not in summary.goals:
@@ -698,12 +440,12 @@ class TrajectoryMemory:
         summary.n_members += 1 - len(superseded)
         self.index.set_group(gid, summary.sectors)
         self._pending_groups.add(gid)
-        self._pending.chunks.append(self._chunk_row(prep, gid, T, walk))
+        self._pending.chunks.append(chunk_row(prep, gid, T, walk))
         self._chunk_ids.add(prep.trajectory_id)
         self._add_member(gid, prep.goal, prep.trajectory_id, seq)
         return self._record(Decision(
             prep.trajectory_id, "merge", gid, result.score, T,
-            reason=f"{result.n_inliers} of {len(result.pairs)} pairs consistent; {len(new)} new nodes",
+            reason=f"{result.n_inliers} of {len(result.pairs)} pairs consistent; {n_new} new nodes",
             superseded=[m.trajectory_id for m in superseded]))
 
     def _fuse(self, gid: int, other: int, T: Transform2D, tid: str, score: float) -> None:
@@ -721,21 +463,7 @@ class TrajectoryMemory:
         nearest = d.argmin(axis=1)
         close = d[np.arange(len(moved)), nearest] <= self.cfg.merge_radius_m
         node_map = np.where(close, nearest, -1)
-        new = np.where(~close)[0]
-        node_map[new] = dst.n_nodes + np.arange(len(new))
-        for i in np.where(close)[0]:
-            j, c, c_src = node_map[i], dst.node_count[node_map[i]], src.node_count[i]
-            dst.node_xy[j] = (dst.node_xy[j] * c + moved[i] * c_src) / (c + c_src)
-            dst.node_count[j] = c + c_src
-            unknown = dst.sectors[j] == UNKNOWN
-            dst.sectors[j, unknown] = rotated[i, unknown]
-        dst.node_xy = np.concatenate([dst.node_xy, moved[new]])
-        dst.sectors = np.concatenate([dst.sectors, rotated[new]])
-        dst.node_count = np.concatenate([dst.node_count, src.node_count[new]])
-        for a, b in src.edges:
-            u, v = int(node_map[a]), int(node_map[b])
-            if u != v:
-                dst.edges.add((min(u, v), max(u, v)))
+        n_new = fold_nodes(dst, node_map, moved, rotated, src.node_count, src.edges)
         dst.n_members += src.n_members
         dst.scene_hints += [h for h in src.scene_hints if h not in dst.scene_hints]
         dst.goals += [g for g in src.goals if g not in dst.goals]
@@ -750,9 +478,9 @@ class TrajectoryMemory:
         self._pending_groups.add(gid)
         self._pending.tombstones.append({
             "group_id": other, "fused_into": gid, "fuse_transform": T.as_list(),
-            "node_map": node_map.astype(np.int32), "updated_at": _now()})
+            "node_map": node_map.astype(np.int32), "updated_at": utc_now()})
         self._record(Decision(tid, "fuse", gid, score, T, other_id=str(other),
-                              reason=f"group {other} fused into {gid} ({len(new)} new nodes)"))
+                              reason=f"group {other} fused into {gid} ({n_new} new nodes)"))
 
     def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
                 policy: str | None) -> Decision:
@@ -763,7 +491,8 @@ class TrajectoryMemory:
         if self.known(tid):
             return Decision(tid, "duplicate", reason="trajectory id already in the store")
         with self._timed("prepare"):
-            prep = self._prepare(traj, tid, description, policy)
+            prep = prepare(traj, tid, description, policy, self._label_lut,
+                           self.cfg.summary_geometry, self._timed)
         if isinstance(prep, str):
             self._rejected_ids.add(tid)
             return self._record(Decision(tid, "rejected", reason=prep))
@@ -771,7 +500,7 @@ class TrajectoryMemory:
         with self._timed("update"):
             return self._apply(prep, matches)
 
-    def _apply(self, prep: _Prepared, matches: list[tuple[int, MatchResult]]) -> Decision:
+    def _apply(self, prep: Prepared, matches: list[tuple[int, MatchResult]]) -> Decision:
         """The decision for ``prep`` given its accepted matches, best first: a new group, or a
         merge (or redundant) into the best, fusing the others into it."""
         if not matches:
@@ -850,7 +579,7 @@ class TrajectoryMemory:
         """The pending rows as one batch (``flush`` commits it; a sharded build's committer
         merges every shard's); nothing is pending after."""
         batch = self._pending
-        batch.summaries = [self._summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
+        batch.summaries = [summary_row(self.summaries[g]) for g in sorted(self._pending_groups)]
         self._reset_pending()
         return batch
 
@@ -867,17 +596,6 @@ class TrajectoryMemory:
             self._commits += 1
             if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
                 self.store.compact(self.cfg.keep_versions)
-
-    def _summary_row(self, s: Summary) -> dict:
-        edges = np.asarray(sorted(s.edges), dtype=np.int32).reshape(-1, 2)
-        return {
-            "group_id": s.group_id, "n_nodes": s.n_nodes,
-            "node_xy": s.node_xy.astype(np.float32).ravel(),
-            "sectors": s.sectors.astype(np.int8).ravel(), "node_count": s.node_count,
-            "edges": edges.ravel(), "reference_yaw": s.reference_yaw, "n_members": s.n_members,
-            "scene_hints": s.scene_hints, "goals": s.goals,
-            "node_embeddings": None,
-            "updated_at": _now()}
 
     def categories(self) -> tuple[str, ...]:
         """The store's label vocabulary: category name of each label id >= 0."""

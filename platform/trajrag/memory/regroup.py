@@ -25,11 +25,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from trajrag.memory.grouping import GEOMETRY_MAP, MemoryConfig, TrajectoryMemory
-from trajrag.memory.shards import ShardedMemory, open_memory
+from trajrag.memory.grouping import MemoryConfig, TrajectoryMemory
 from trajrag.memory.matching import N_SECTORS
-from trajrag.memory.store import (
-    CHUNKS, DECISIONS, MAP_COLUMNS, MemoryStore, StoreError, label_categories)
+from trajrag.memory.prepare import GEOMETRY_MAP
+from trajrag.memory.schema import CHUNKS, DECISIONS, MAP_COLUMNS, label_categories
+from trajrag.memory.shards import ShardedMemory, open_memory
+from trajrag.memory.store import MemoryStore, StoreError
 from trajrag.topo.candidates import MapPlace
 from trajrag.topo.trajectory import TopoPolarTrajectory
 

@@ -29,13 +29,15 @@ from __future__ import annotations
 import zlib
 from typing import Any, Iterable, Sequence
 
-from trajrag.memory.grouping import Decision, MemoryConfig, MemoryShard, TrajectoryMemory, _attr
-from trajrag.memory.store import CHUNKS, DECISIONS, Batch, MemoryStore, StoreError
+from trajrag.memory.grouping import Decision, MemoryConfig, MemoryShard, TrajectoryMemory
+from trajrag.memory.prepare import first_attr
+from trajrag.memory.schema import CHUNKS, DECISIONS
+from trajrag.memory.store import Batch, MemoryStore, StoreError
 
 
 def scene_key(traj: Any) -> str:
     """The scene a trajectory was walked in (the memory's ``scene_hint``), '' if it names none."""
-    return str(_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), ""))
+    return str(first_attr(traj, ("scene_hint", "scene_key", "scene_id", "scene"), ""))
 
 
 def shard_of(traj: Any, count: int) -> int:

@@ -26,7 +26,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from trajrag.memory.store import CHUNKS, DECISIONS, SUMMARIES, MemoryStore
+from trajrag.memory.schema import CHUNKS, DECISIONS, SUMMARIES
+from trajrag.memory.store import MemoryStore
 
 
 def purity_completeness(group_ids: list[int], scenes: list[str | None]) -> tuple[float | None, float | None]:

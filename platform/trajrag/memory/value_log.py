@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from trajrag.memory.store import SideTable
+from trajrag.memory.side_table import SideTable
 
 TABLE = "value_decisions"
 SCHEMA = pa.schema([pa.field("trajectory_id", pa.string(), nullable=False),

@@ -29,7 +29,8 @@ import numpy as np
 from trajrag.memory.grouping import MemoryConfig, TrajectoryMemory
 from trajrag.memory.matching import EVIDENCE, MatchResult
 from trajrag.memory.regroup import replay
-from trajrag.memory.store import CHUNKS, MemoryStore
+from trajrag.memory.schema import CHUNKS
+from trajrag.memory.store import MemoryStore
 
 # Ridge penalty on the weights (not the bias) of the logistic fit, in units of the mean
 # log-likelihood. chosen: enough to keep Newton's method finite on separable folds, small

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from trajrag.memory.matching import Transform2D  # noqa: E402
+from trajrag.memory.se2 import Transform2D  # noqa: E402
 from trajrag.memory.store import MemoryStore, StoreError  # noqa: E402
 
 # Scenes drawn with their own colour and legend entry; the rest share grey.

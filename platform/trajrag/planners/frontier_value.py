@@ -2,8 +2,8 @@
 
 The decision audit (``agent/decisions.py``) showed that the retrieved chunks' similarity and
 object context carry almost no information about where the goal is in an unseen home, while a
-planner that ranks the same frontiers by the true way to the goal gains 30 SPL points over nearest
-frontier (``--planner frontier-oracle``). What carries information is *what a frontier looks
+planner that ranks the same frontiers by the true way to the goal gains far more over nearest
+frontier than any retrieval term (``--planner frontier-oracle``; docs/results.md). What carries information is *what a frontier looks
 out on*: the objects already mapped around it (a sink next to a door: a bathroom, so a toilet
 beyond), how much unknown space lies behind it, how far it is. This module learns that from
 experience in the memory's homes, where the way to the goal is known afterwards.
@@ -32,7 +32,7 @@ import json
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import minimize
@@ -411,19 +411,17 @@ def _mean(values: list) -> Optional[float]:
     return round(float(np.mean(values)), 4) if values else None
 
 
-def load_value_model(path: str, overrides: Sequence[str] = ()) -> Optional[FrontierValueModel]:
-    """The model at ``path`` checked against the agent's vocabulary (``configs/navigator.yaml``
-    + overrides); None for an empty path (no value term)."""
+def load_value_model(path: str, vocabulary: Sequence[str], scoring: Any) -> Optional[FrontierValueModel]:
+    """The model at ``path`` checked against the agent's ``vocabulary`` (``navigator.vocabulary``),
+    with its experience table read as the ``scoring`` section says (``experience_k``,
+    ``experience_in_memory``); None for an empty path (no value term)."""
     if not path:
         return None
-    from trajrag import config
-
     model = FrontierValueModel.load(path)
-    model.check_vocabulary(config.load("navigator", overrides).vocabulary)
+    model.check_vocabulary(vocabulary)
     if artefacts.exists(experience_path(path)):
-        scoring = config.load("scoring", overrides)
-        model.experience = ExperienceIndex(artefacts.local_copy(experience_path(path)), len(model.feature_names), scoring.experience_k,
-                                           scoring.experience_in_memory)
+        model.experience = ExperienceIndex(artefacts.local_copy(experience_path(path)), len(model.feature_names),
+                                           scoring.experience_k, scoring.experience_in_memory)
     return model
 
 
@@ -451,18 +449,3 @@ class FrontierValuePlanner:
         scores = self.model.score_with_experience(features, ctx.goal, self.w_experience)
         self.last_scores = scores + hysteresis_bonus(ctx, self.hysteresis_m, self.model.per_metre)
         return int(np.argmax(self.last_scores))
-
-
-def make_value_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with ``FrontierValuePlanner`` (model from ``scoring.value_model``)."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
-
-    path = config.load("scoring", overrides).value_model
-    if not path:
-        raise ValueModelError("the value planner needs a model: --set scoring.value_model=VALUE.json "
-                              "(written by `trajrag value fit`)")
-    planner = FrontierValuePlanner(load_value_model(path, overrides),
-                                   config.load("navigator", overrides).frontier_hysteresis_m,
-                                   config.load("scoring", overrides).w_experience)
-    return make_navigator(planner, sim_cfg, overrides, seed)

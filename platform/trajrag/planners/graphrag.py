@@ -21,8 +21,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.scoring import end_objects
+from trajrag.retrieval.retriever import RetrievalError
 
 
 @dataclass
@@ -53,15 +55,11 @@ class SceneGraph:
     @classmethod
     def from_store(cls, store: Any, min_support: int) -> "SceneGraph":
         """The scene graph of every chunk of a ``MemoryStore`` (or URI)."""
-        from trajrag.memory.store import CHUNKS, MemoryStore
-
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), read_only=True)
         names = {label: name for name, label in store.vocabulary().items()}
         table = store.read(CHUNKS, ["sectors"])
         if table.num_rows == 0:
-            from trajrag.retrieval.retriever import RetrievalError
-
             raise RetrievalError(f"memory store {store.uri} has no chunks: nothing to build a scene graph from")
         nodes = []
         for flat in table.column("sectors").to_pylist():
@@ -108,17 +106,12 @@ class GraphRAGPlanner(RetrievalTimings):
 _GRAPHS: dict[tuple[str, int], SceneGraph] = {}
 
 
-def make_graphrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the GraphRAG planner over ``retrieval.store``."""
-    from trajrag import config
-    from trajrag.agent.navigator import make_navigator
-    from trajrag.retrieval.retriever import RetrievalError
-
-    cfg: GraphRAGConfig = config.load("graphrag", overrides)
-    store = config.load("retrieval", overrides).store
+def shared_scene_graph(store: str, min_support: int) -> SceneGraph:
+    """One scene graph per process, store and ``graphrag.min_support`` (every agent of an
+    evaluation shares it); ``RetrievalError`` without a store."""
     if not store:
         raise RetrievalError("graphrag needs a memory store: pass --store PATH")
-    key = (store, cfg.min_support)
+    key = (store, min_support)
     if key not in _GRAPHS:
-        _GRAPHS[key] = SceneGraph.from_store(store, cfg.min_support)
-    return make_navigator(GraphRAGPlanner(_GRAPHS[key], cfg), sim_cfg, overrides, seed)
+        _GRAPHS[key] = SceneGraph.from_store(store, min_support)
+    return _GRAPHS[key]

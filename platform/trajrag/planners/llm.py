@@ -39,9 +39,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from trajrag.config import Settings
 from trajrag.planners.base import Planner, PlannerContext
-from trajrag.planners.chat import ChatConfig, ChatError, ChatModel
+from trajrag.planners.chat import ChatConfig, ChatError, ChatModel, make_chat
+from trajrag.planners.frontier import NearestFrontierPlanner
 from trajrag.retrieval.types import DecisionRetrieval, Experience
+from trajrag.topo.describe import describe
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 log = logging.getLogger(__name__)
@@ -211,8 +214,6 @@ def parse_answer(text: str, n_candidates: int) -> ParsedAnswer:
 # -- the prompt ----------------------------------------------------------------------------------------
 def path_text(traj: TopoPolarTrajectory) -> str:
     """L(T_tp) without its goal sentence and outcome sentence (a candidate has no outcome yet)."""
-    from trajrag.topo.describe import describe
-
     return strip_goal_and_outcome(describe(traj))
 
 
@@ -450,36 +451,21 @@ FALLBACKS: dict[str, str] = {
 }
 
 
-def make_frontier_fallback(overrides: Sequence[str] = ()) -> Planner:
+def make_frontier_fallback(settings: Settings) -> Planner:
     """The nearest-frontier planner with the navigator's hysteresis (no retrieval)."""
-    from trajrag import config
-    from trajrag.planners.frontier import NearestFrontierPlanner
-
-    return NearestFrontierPlanner(config.load("navigator", overrides).frontier_hysteresis_m)
+    return NearestFrontierPlanner(settings.navigator.frontier_hysteresis_m)
 
 
-def make_fallback(name: str, overrides: Sequence[str] = ()) -> Planner:
+def make_fallback(name: str, settings: Settings) -> Planner:
     """The fallback planner ``llm.planner.fallback`` names."""
     try:
         module_name, factory = FALLBACKS[name].split(":")
     except KeyError:
         raise ValueError(f"llm.planner.fallback: unknown planner {name!r}; known: {sorted(FALLBACKS)}") from None
-    return getattr(importlib.import_module(module_name), factory)(overrides)
+    return getattr(importlib.import_module(module_name), factory)(settings)
 
 
-def make_llm_planner(overrides: Sequence[str] = ()) -> LLMPlanner:
-    """The LLM planner configured from ``configs/llm.yaml`` (+ overrides); the local backend
-    loads SmolLM2 once per process."""
-    from trajrag import config
-    from trajrag.planners.chat import make_chat
-
-    cfg: LLMConfig = config.load("llm", overrides)
-    fallback = make_fallback(cfg.planner.fallback, overrides)
-    return LLMPlanner(make_chat(cfg.chat), fallback, cfg.planner)
-
-
-def make_llm_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the LLM planner (as ``agent.navigator.make_frontier_agent``)."""
-    from trajrag.agent.navigator import make_navigator
-
-    return make_navigator(make_llm_planner(overrides), sim_cfg, overrides, seed)
+def make_llm_planner(settings: Settings) -> LLMPlanner:
+    """The LLM planner of the ``llm`` section; the local backend loads SmolLM2 once per process."""
+    cfg = settings.llm
+    return LLMPlanner(make_chat(cfg.chat), make_fallback(cfg.planner.fallback, settings), cfg.planner)

@@ -30,14 +30,18 @@ remembered goal alone decides).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from trajrag import config
+from trajrag.config import Settings
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.frontier_value import FrontierValueModel, candidate_features, load_value_model
+from trajrag.retrieval.retriever import load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -206,26 +210,19 @@ def _cosine(a: Mapping[str, float], b: Mapping[str, float]) -> float:
 _RETRIEVERS: dict[tuple, Any] = {}
 
 
-def shared_retriever(overrides: Sequence[str] = ()) -> Any:
-    """One retriever per process and configuration (loading one reads the whole store and the
-    encoder, seconds; every agent of an evaluation shares it)."""
-    from trajrag.retrieval.retriever import load_retriever
-
-    key = tuple(o for o in overrides if o.startswith(("retrieval.", "memory.", "encoder.")))
+def shared_retriever(settings: Settings) -> Any:
+    """One retriever per process and configuration: the values of the ``retrieval``, ``memory``
+    and ``encoder`` sections it is made of (loading one reads the whole store and the encoder,
+    seconds; every agent of an evaluation shares it)."""
+    key = json.dumps([config.to_dict(section) for section in (settings.retrieval, settings.memory, settings.encoder)],
+                     sort_keys=True)
     if key not in _RETRIEVERS:
-        _RETRIEVERS[key] = load_retriever(overrides)
+        _RETRIEVERS[key] = load_retriever(settings)
     return _RETRIEVERS[key]
 
 
-def make_scoring_planner(overrides: Sequence[str] = ()) -> ScoringPlanner:
-    from trajrag import config
-
-    cfg: ScoringConfig = config.load("scoring", overrides)
-    return ScoringPlanner(shared_retriever(overrides), cfg, load_value_model(cfg.value_model, overrides))
-
-
-def make_trajrag_agent(sim_cfg, overrides: Sequence[str] = (), seed: int = 0):
-    """The navigator with the retrieval-scoring planner (store and model from ``retrieval.*``)."""
-    from trajrag.agent.navigator import make_navigator
-
-    return make_navigator(make_scoring_planner(overrides), sim_cfg, overrides, seed)
+def make_scoring_planner(settings: Settings) -> ScoringPlanner:
+    """TrajRAG's planner of the ``scoring`` section over the shared retriever."""
+    cfg = settings.scoring
+    return ScoringPlanner(shared_retriever(settings), cfg,
+                          load_value_model(cfg.value_model, settings.navigator.vocabulary, cfg))

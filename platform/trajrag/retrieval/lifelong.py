@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.store import MemoryStore
+
+if TYPE_CHECKING:
+    from trajrag.memory.grouping import MemoryConfig
 
 
 class LifelongMemory:
-    """An ``on_episode`` callback for ``agent.evaluate.evaluate_agent`` (see the module docstring)."""
+    """An ``on_episode`` callback for ``agent.evaluate.evaluate_agent`` (see the module docstring);
+    ``memory_cfg``: the ``memory`` section its insertions group by."""
 
-    def __init__(self, retriever: Any, label: str, csv_path: Path, overrides: Sequence[str] = ()) -> None:
-        from trajrag import config
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.store import MemoryStore
-
+    def __init__(self, retriever: Any, label: str, csv_path: Path, memory_cfg: MemoryConfig) -> None:
         self.retriever = retriever
         self.label = label
         writer_store = MemoryStore(retriever.store.uri)
-        self.memory = TrajectoryMemory(writer_store, config.load("memory", overrides))
+        self.memory = TrajectoryMemory(writer_store, memory_cfg)
         self.csv_path = Path(csv_path)
         self.outcomes: list[tuple[bool, float]] = []
 

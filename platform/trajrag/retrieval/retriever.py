@@ -48,8 +48,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trajrag.memory.matching import N_SECTORS, match, rank_votes
+from trajrag.config import Settings
+from trajrag.encoder import EncoderError
+from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.matching import N_SECTORS, match
+from trajrag.memory.prefilter import rank_votes
+from trajrag.memory.schema import CHUNKS
+from trajrag.memory.se2 import Transform2D
+from trajrag.memory.store import MemoryStore
 from trajrag.retrieval.types import ChunkSearch, DecisionRetrieval, Experience
+from trajrag.topo.describe import describe
 from trajrag.topo.representation import TPS_GS, represent
 
 log = logging.getLogger(__name__)
@@ -159,17 +167,15 @@ class LruCache(OrderedDict):
 class Retriever:
     """Coarse-to-fine retrieval over one memory store (read-only).
 
-    ``store``: a ``MemoryStore`` or URI. ``model_dir``: the trained f_E folder (needed for
-    ``fine: encoder``; its node encoder serves ``fine: text`` too). ``memory_cfg``: the memory's
+    ``store``: a ``MemoryStore`` or URI. ``cfg.model_dir``: the trained f_E folder (needed for
+    ``fine: encoder``; its node encoder serves ``fine: text`` too), loaded with ``encoder_cfg``
+    (the ``encoder`` section) unless ``encoder`` is given. ``memory_cfg``: the memory's
     matching thresholds (``configs/memory.yaml``). ``search``: the fine-stage backend (default:
     exact, in memory).
     """
 
-    def __init__(self, store: Any, cfg: RetrievalConfig, memory_cfg: Any, *,
-                 encoder: Any = None, search: ChunkSearch | None = None) -> None:
-        from trajrag.memory.grouping import TrajectoryMemory
-        from trajrag.memory.store import MemoryStore
-
+    def __init__(self, store: Any, cfg: RetrievalConfig, memory_cfg: Any, *, encoder: Any = None,
+                 encoder_cfg: Any = None, search: ChunkSearch | None = None) -> None:
         if not isinstance(store, MemoryStore):
             store = MemoryStore(str(store), read_only=True)
         self.store, self.cfg = store, cfg
@@ -179,7 +185,7 @@ class Retriever:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
-        self.encoder = encoder if encoder is not None else _load_encoder(cfg.model_dir)
+        self.encoder = encoder if encoder is not None else load_encoder(cfg.model_dir, encoder_cfg)
         self.representation = self.encoder.node_encoder.cfg.representation
         self._text_max_length = self.encoder.node_encoder.cfg.text_max_length  # fine: text
         # The summaries and their node prefilter, exactly as the memory's writer sees them.
@@ -215,8 +221,6 @@ class Retriever:
                 self.memory.index.set_group(gid, summary.sectors)
 
     def _load_chunks(self) -> None:
-        from trajrag.memory.store import CHUNKS
-
         # group_transform only places the goal ends of ``project_goal``: not read otherwise.
         table = self.store.read(CHUNKS, ["trajectory_id", "group_id", "scene_hint", "goal", "success",
                                          "sectors", "node_xy", "description", "embedding", "encoder_version",
@@ -252,8 +256,6 @@ class Retriever:
     def _ends_in_group(self, table: Any, aliases: dict) -> np.ndarray:
         """float (N, 2): each chunk's last node in its (current) group's frame, metres; NaN
         where the chunk has no transform."""
-        from trajrag.memory.matching import Transform2D
-
         rows = self.store.resolve_chunks(table.select(["group_id", "group_transform"]), aliases)
         ends = np.full((len(rows), 2), np.nan)
         for i, (row, xy) in enumerate(zip(rows, self.node_xy)):
@@ -318,8 +320,6 @@ class Retriever:
             places.extend(self._recognise_goal_places(self._to_store_labels(place), goal))
         mid = time.perf_counter()
         if self.cfg.fine == FINE_TEXT:
-            from trajrag.topo.describe import describe
-
             z = self._text_embeddings([describe(c) for c in candidates])
         else:
             z = self._query_embeddings(queries, known, goal, names)
@@ -488,25 +488,25 @@ def _index_rows(keys: list) -> dict[Any, np.ndarray]:
     return {key: np.asarray(r, dtype=np.int64) for key, r in rows.items()}
 
 
-def _load_encoder(model_dir: str) -> Any:
-    from trajrag.encoder import EncoderError
+def load_encoder(model_dir: str, encoder_cfg: Any) -> Any:
+    """The trained f_E of ``model_dir`` for retrieval (``encoder_cfg``: the ``encoder`` section:
+    batch size, node encoder settings); ``RetrievalError`` names a missing or unreadable one."""
     from trajrag.encoder.model import TrajectoryEncoder
 
     if not model_dir:
         raise RetrievalError("retrieval needs a trained encoder folder: pass --model MODEL_DIR "
                              "(or --set retrieval.model_dir=...); train one with `trajrag encoder train`")
     try:
-        return TrajectoryEncoder(model_dir)
+        return TrajectoryEncoder(model_dir, encoder_cfg)
     except EncoderError as exc:
         raise RetrievalError(str(exc)) from exc
 
 
-def load_retriever(overrides: Sequence[str] = (), **kwargs: Any) -> Retriever:
-    """A retriever configured from ``configs/retrieval.yaml`` and ``configs/memory.yaml``."""
-    from trajrag import config
-
-    cfg: RetrievalConfig = config.load("retrieval", overrides)
+def load_retriever(settings: Settings, **kwargs: Any) -> Retriever:
+    """A retriever of the ``retrieval`` section's store, with its ``memory`` and ``encoder``
+    sections (the encoder's batch size and node encoder)."""
+    cfg = settings.retrieval
     if not cfg.store:
         raise RetrievalError("retrieval needs a memory store: pass --store PATH "
                              "(or --set retrieval.store=...)")
-    return Retriever(cfg.store, cfg, config.load("memory", overrides), **kwargs)
+    return Retriever(cfg.store, cfg, settings.memory, encoder_cfg=settings.encoder, **kwargs)

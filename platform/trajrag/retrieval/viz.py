@@ -2,8 +2,8 @@
 top experiences retrieved for the chosen candidate (each a past topo-polar trajectory drawn in
 its own frame, nodes coloured by the objects around them).
 
-``record_decisions`` replays an episode with a retrieval-scoring agent and keeps every decision;
-``render_decision_png`` draws one of them.
+``render_decision_png`` draws one ``RecordedDecision`` (``agent.replay.record_decisions`` keeps
+every decision of an episode walked by a retrieval-scoring agent).
 """
 
 from __future__ import annotations
@@ -40,27 +40,6 @@ class RecordedDecision:
         """Best minus second-best score: how decisive the experience was."""
         s = np.sort(self.scores)[::-1]
         return float(s[0] - s[1]) if len(s) > 1 else 0.0
-
-
-def record_decisions(agent: Any, sim: Any, episode: Any, scene: Any, episode_cfg: Any) -> list[RecordedDecision]:
-    """Run ``episode`` with a navigator whose planner is a ``ScoringPlanner`` and return its decisions."""
-    from trajrag.agent.episode_runner import run_episode
-
-    planner = agent.planner
-    decisions: list[RecordedDecision] = []
-    choose = planner.choose
-
-    def recording(ctx):
-        choice = choose(ctx)
-        decisions.append(RecordedDecision(ctx, planner.last_retrieval, planner.last_scores, choice))
-        return choice
-
-    planner.choose = recording
-    try:
-        run_episode(sim, agent, episode, scene, cfg=episode_cfg)
-    finally:
-        planner.choose = choose
-    return decisions
 
 
 def _map_image(sem: Any) -> tuple[np.ndarray, tuple[float, float, float, float]]:

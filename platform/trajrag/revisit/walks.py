@@ -15,6 +15,7 @@ from typing import Sequence
 from trajrag.revisit import RevisitError
 from trajrag.world.episode import ObjectNavEpisode
 from trajrag.world.episode_gen import EpisodeConfig, generate_scene_episodes
+from trajrag.world.geodesic import Motion
 from trajrag.world.scene import Scene
 
 WALK_TAG = "revisit"
@@ -31,15 +32,15 @@ def coincides(walk: ObjectNavEpisode, evaluated: ObjectNavEpisode, scene: Scene)
 
 
 def plan_walks(scenes: Sequence[Scene], evaluated: Sequence[ObjectNavEpisode], walks: int, seed: int,
-               spare_walks: int, episode_cfg: EpisodeConfig) -> dict[str, list[ObjectNavEpisode]]:
-    """``walks`` earlier walks of each scene (scene name -> walks), none coinciding with an
-    episode of ``evaluated``; ``RevisitError`` names a home where fewer could be drawn."""
+               spare_walks: int, episode_cfg: EpisodeConfig, motion: Motion) -> dict[str, list[ObjectNavEpisode]]:
+    """``walks`` earlier walks of each scene (scene name -> walks, reachable with ``motion``), none
+    coinciding with an episode of ``evaluated``; ``RevisitError`` names a home where fewer could be drawn."""
     if walks < 1:
         raise RevisitError(f"revisit walks per home must be >= 1, got {walks}")
     plan = {}
     for scene in scenes:
         taken = {start_key(e, scene) for e in evaluated if e.scene_key == scene.name}
-        drawn = generate_scene_episodes(scene, walks + spare_walks, episode_cfg, seed)
+        drawn = generate_scene_episodes(scene, walks + spare_walks, episode_cfg, seed, motion)
         kept = [w for w in drawn if start_key(w, scene) not in taken][:walks]
         if len(kept) < walks:
             raise RevisitError(f"{scene.name}: only {len(kept)} of {walks} earlier walks could be drawn apart from "

@@ -53,13 +53,6 @@ class TopoConfig:
     min_obstacle_hole_m2: float
 
 
-def load_config(overrides: Sequence[str] = ()) -> TopoConfig:
-    """``configs/topo.yaml`` with ``topo.key=value`` overrides applied."""
-    from trajrag import config as config_mod
-
-    return config_mod.load("topo", overrides)
-
-
 # -- grid <-> metres ----------------------------------------------------------------------------
 # -- the node set of a map ------------------------------------------------------------------------
 @dataclass

@@ -29,12 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from trajrag import config as config_mod
+from trajrag.config import Settings
 from trajrag.safe_pickle import CorruptFileError, UnsafePickleError
 from trajrag.world.episode import ObjectNavEpisode
+from trajrag.world.episode_gen import generate_episodes, why_no_episodes
 from trajrag.world.episode_io import EpisodeError, episode_source, read_episodes
-from trajrag.world.gibson import GibsonFormatError, category_name, load_config, load_gibson_scenes
+from trajrag.world.geodesic import Motion
+from trajrag.world.gibson import GibsonConfig, GibsonFormatError, category_name, load_gibson_scenes
 from trajrag.world.mp3d import Mp3dFormatError, is_mp3d_folder, load_mp3d_scenes
+from trajrag.world.procedural import procedural_scenes
 from trajrag.world.scene import Scene
 
 SPLITS = ("train", "val", "test")
@@ -52,22 +55,21 @@ DATA_ERRORS = (DatasetError, EpisodeError, GibsonFormatError, Mp3dFormatError, C
 
 
 # -- scenes ---------------------------------------------------------------------------------
-def load_scenes(spec: str, overrides: Sequence[str] = ()) -> list[Scene]:
-    """Scenes named by ``spec`` (see the module doc); ``overrides`` go to their config section."""
+def load_scenes(spec: str, settings: Settings) -> list[Scene]:
+    """Scenes named by ``spec`` (see the module doc), built with the ``procedural``, ``mp3d`` or
+    ``gibson`` section of ``settings``."""
     if spec.startswith(PROCEDURAL_PREFIX):
         split, start, n = parse_procedural_range(spec)
-        from trajrag.world.procedural import procedural_scenes  # lazy: only procedural specs need it
-
-        return list(procedural_scenes(split, n, config_mod.load("procedural", overrides), start=start))
+        return list(procedural_scenes(split, n, settings.procedural, start=start))
     path, _, selection = spec.partition("@")
     folder = Path(path).expanduser()
     if is_mp3d_folder(folder):
-        mp3d = config_mod.load("mp3d", overrides)
+        mp3d = settings.mp3d
         scenes = load_mp3d_scenes(folder, mp3d)
         held_out, setting = mp3d.held_out_scans, "mp3d.held_out_scans"
     else:
-        scenes = _gibson_scenes(folder, spec, overrides)
-        held_out, setting = load_config(overrides).held_out_scenes, "gibson.held_out_scenes"
+        scenes = _gibson_scenes(folder, spec, settings.gibson)
+        held_out, setting = settings.gibson.held_out_scenes, "gibson.held_out_scenes"
     return _select(scenes, selection, spec, set(held_out), setting) if selection else scenes
 
 
@@ -109,7 +111,7 @@ def parse_procedural_spec(spec: str) -> tuple[str, int]:
     return split, int(count)
 
 
-def _gibson_scenes(path: Path, spec: str, overrides: Sequence[str]) -> list[Scene]:
+def _gibson_scenes(path: Path, spec: str, cfg: GibsonConfig) -> list[Scene]:
     if path.is_dir():
         files = sorted(path.glob("*_info.pbz2"))
         if not files:
@@ -123,7 +125,6 @@ def _gibson_scenes(path: Path, spec: str, overrides: Sequence[str]) -> list[Scen
         raise DatasetError(f"scene spec {spec!r}: no such file or folder; expected a Gibson "
                            f"*_info.pbz2 file (or a folder of them), a folder of MP3D scans "
                            f"(<scan>/BEV_semantic_map.npy) or procedural:SPLIT:N")
-    cfg = load_config(overrides)
     scenes: list[Scene] = []
     for file in files:
         scenes.extend(load_gibson_scenes(file, cfg))
@@ -134,31 +135,37 @@ def _gibson_scenes(path: Path, spec: str, overrides: Sequence[str]) -> list[Scen
 
 
 # -- episodes -------------------------------------------------------------------------------
-def load_episodes(spec: str, scenes: Sequence[Scene], overrides: Sequence[str] = (),
+def load_episodes(spec: str, scenes: Sequence[Scene], settings: Settings,
                   strict: bool = True) -> list[ObjectNavEpisode]:
-    """Episodes named by ``spec`` for ``scenes`` (see the module doc).
+    """Episodes named by ``spec`` for ``scenes`` (see the module doc): generated with the
+    ``episodes`` section and the motion of the ``sim`` section, or read with the ``gibson``
+    section's category names.
 
     With ``strict`` (the default), the first episode that cannot run in ``scenes`` raises
     ``EpisodeError``; pass ``strict=False`` and call ``validate_episodes`` to list them all.
     """
+    cfg = settings.episodes
     if spec.startswith(GENERATED_PREFIX):
         k, seed = parse_generated_spec(spec)
-        from trajrag.world.episode_gen import generate_episodes, why_no_episodes  # lazy: generated specs only
-
-        cfg = config_mod.load("episodes", overrides)
-        episodes = list(generate_episodes(list(scenes), k, cfg, cfg.seed if seed is None else seed))
+        episodes = list(generate_episodes(list(scenes), k, cfg, cfg.seed if seed is None else seed,
+                                          Motion.from_sim_config(settings.sim)))
         if not episodes:
             reasons = "; ".join(f"{scene.name}: {why_no_episodes(scene, cfg)}" for scene in scenes[:5])
             more = f"; and {len(scenes) - 5} more scenes" if len(scenes) > 5 else ""
             raise DatasetError(f"episode spec {spec!r}: no episode could be generated ({reasons}{more})")
     else:
-        gibson = load_config(overrides)
-        known = {category_name(c, gibson) for c in gibson.channels}
-        known.update(c for scene in scenes for c in scene.categories)
+        gibson = settings.gibson
+        known = known_categories(gibson) | {c for scene in scenes for c in scene.categories}
         episodes = read_episodes(spec, categories=known, aliases=gibson.category_names)
     if strict:
-        validate_episodes(episodes, scenes, strict=True, overrides=overrides)
+        validate_episodes(episodes, scenes, cfg.start_floor_tolerance_m, strict=True)
     return episodes
+
+
+def known_categories(gibson: GibsonConfig) -> set[str]:
+    """This package's names of the Gibson categories (``gibson.channels`` through
+    ``gibson.category_names``): the goals an episode file may name."""
+    return {category_name(c, gibson) for c in gibson.channels}
 
 
 def parse_generated_spec(spec: str) -> tuple[int, int | None]:
@@ -224,11 +231,10 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def validate_episodes(episodes: Iterable[ObjectNavEpisode], scenes: Sequence[Scene],
-                      strict: bool = False, overrides: Sequence[str] = ()) -> ValidationReport:
+def validate_episodes(episodes: Iterable[ObjectNavEpisode], scenes: Sequence[Scene], floor_tolerance_m: float,
+                      strict: bool = False) -> ValidationReport:
     """Check each episode against ``scenes``; with ``strict``, raise ``EpisodeError`` at the first
-    problem. ``overrides``: for ``episodes.start_floor_tolerance_m``."""
-    floor_tolerance_m = config_mod.load("episodes", overrides).start_floor_tolerance_m
+    problem. ``floor_tolerance_m``: ``episodes.start_floor_tolerance_m``."""
     by_name = {scene.name: scene for scene in scenes}
     present: dict[str, set[str]] = {}  # scene name -> categories with an object, computed once
     report = ValidationReport(n_episodes=0)

@@ -94,11 +94,6 @@ class EpisodeConfig:
     mappable_views: int
 
 
-def load_config(overrides: Sequence[str] = ()) -> EpisodeConfig:
-    """``configs/episodes.yaml`` with ``episodes.key=value`` overrides."""
-    return config_mod.load("episodes", overrides)
-
-
 def check_config(cfg: EpisodeConfig) -> None:
     """``ConfigError`` naming the bad value."""
     if not 0 <= cfg.min_geodesic <= cfg.max_geodesic:
@@ -130,11 +125,6 @@ def plan_action_path(scene: Scene, goal: GoalField, pose: Pose2D, motion: Motion
     """The discrete agent's shortest walk from ``pose`` into the goal region (``None`` if none)."""
     return shortest_action_path(scene, goal, pose.xy, pose.yaw, motion, cfg.action_path_heuristic_weight,
                                 cfg.action_path_turn_cost_m, cfg.action_path_max_expansions)
-
-
-def default_motion() -> Motion:
-    """The simulator's motion model from ``configs/sim.yaml``."""
-    return Motion.from_sim_config(config_mod.load("sim"))
 
 
 def habitat_scene_id(scene: Scene) -> tuple[str, int]:
@@ -209,13 +199,12 @@ def _start_cells(field: GoalField, islands_ok: np.ndarray, cfg: EpisodeConfig) -
 
 
 def generate_scene_episodes(scene: Scene, per_scene: int, cfg: EpisodeConfig, seed: int,
-                            motion: Optional[Motion] = None) -> list[ObjectNavEpisode]:
+                            motion: Motion) -> list[ObjectNavEpisode]:
     """``per_scene`` episodes of one scene (fewer only if some category has no valid start)."""
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(scene.name.encode())])
     categories = present_goal_categories(scene, cfg)
     if not categories or per_scene <= 0:
         return []
-    motion = motion if motion is not None else default_motion()
     islands_ok = island_radius(scene.traversable, scene.cell_size) >= cfg.min_island_radius
     pools = {}
     for name in categories:
@@ -280,15 +269,14 @@ def _walkable(scene: Scene, field: GoalField, pose: Pose2D, cfg: EpisodeConfig, 
 
 
 def generate_episodes(scenes: Sequence[Scene], per_scene: int, cfg: EpisodeConfig, seed: int,
-                      motion: Optional[Motion] = None) -> list[ObjectNavEpisode]:
+                      motion: Motion) -> list[ObjectNavEpisode]:
     """ObjectNav episodes (habitat-lab schema) for ``scenes``: ``per_scene`` each (module doc).
 
-    motion: the simulator's motion model for the action-path check (``None``: ``configs/sim.yaml``).
+    motion: the simulator's motion model for the action-path check (``Motion.from_sim_config``).
     """
     check_config(cfg)
     if per_scene < 0:
         raise ValueError(f"per_scene must be >= 0, got {per_scene}")
-    motion = motion if motion is not None else default_motion()
     episodes = []
     for scene in scenes:
         episodes.extend(generate_scene_episodes(scene, per_scene, cfg, seed, motion))

@@ -74,14 +74,6 @@ def derive_scene_key(scene_id: str, floor_id: int) -> str:
     return f"{dataset}/{stem}/{floor_id}"
 
 
-def default_categories() -> tuple[dict[str, str], frozenset[str]]:
-    """The Gibson name table and this package's category names (``configs/gibson.yaml``)."""
-    from trajrag.world.gibson import category_name, load_config
-
-    cfg = load_config()
-    return dict(cfg.category_names), frozenset(category_name(c, cfg) for c in cfg.channels)
-
-
 # -- reading --------------------------------------------------------------------------------
 def find_episode_files(path: Path | str) -> list[Path]:
     """The episode files under ``path``: the file itself, or ``content/*.json.gz`` and ``*.json.gz``."""
@@ -96,19 +88,15 @@ def find_episode_files(path: Path | str) -> list[Path]:
     return files
 
 
-def read_episodes(path: Path | str, categories: Collection[str] | None = None,
-                  aliases: Mapping[str, str] | None = None) -> list[ObjectNavEpisode]:
+def read_episodes(path: Path | str, categories: Collection[str],
+                  aliases: Mapping[str, str]) -> list[ObjectNavEpisode]:
     """All episodes under ``path`` (see ``find_episode_files``), in file order.
 
     ``aliases`` maps file category names to ours and ``categories`` is the set of names allowed
-    after mapping; both default to the Gibson table in ``configs/gibson.yaml``. Raises
-    ``EpisodeError`` for a malformed file or episode, an unknown category or a repeated
-    ``(scene_key, episode_id)``.
+    after mapping (``world.datasets.known_categories``: the Gibson table of the ``gibson``
+    section). Raises ``EpisodeError`` for a malformed file or episode, an unknown category or a
+    repeated ``(scene_key, episode_id)``.
     """
-    if aliases is None or categories is None:
-        default_aliases, default_names = default_categories()
-        aliases = default_aliases if aliases is None else aliases
-        categories = default_names if categories is None else categories
     episodes: list[ObjectNavEpisode] = []
     seen: dict[tuple[str, str], str] = {}
     for file in find_episode_files(path):

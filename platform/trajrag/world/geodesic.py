@@ -83,20 +83,12 @@ def neighbourhood_size(radius: int) -> int:
     return 2 * len(neighbour_offsets(radius))
 
 
-@functools.lru_cache(maxsize=1)
-def _default_radius() -> int:
-    from trajrag import config
-
-    return int(config.load("episodes").geodesic_neighbourhood_radius)
-
-
 # -- fields ---------------------------------------------------------------------------------------
-def geodesic_field(traversable: np.ndarray, sources: np.ndarray, cell_size: float,
-                   radius: Optional[int] = None) -> np.ndarray:
+def geodesic_field(traversable: np.ndarray, sources: np.ndarray, cell_size: float, radius: int) -> np.ndarray:
     """Metres of the shortest path on ``traversable`` cells to the nearest ``sources`` cell.
 
     traversable, sources: bool (H, W); sources off the traversable cells are ignored.
-    cell_size: metres per cell. radius: neighbourhood radius in cells (module doc; ``None``:
+    cell_size: metres per cell. radius: neighbourhood radius in cells (module doc;
     ``episodes.geodesic_neighbourhood_radius``). Returns float64 (H, W): 0 on sources, ``inf``
     where no source is reachable (and on every non-traversable cell).
     """
@@ -106,7 +98,6 @@ def geodesic_field(traversable: np.ndarray, sources: np.ndarray, cell_size: floa
         raise ValueError(f"traversable {traversable.shape} and sources {sources.shape} must be equal 2D shapes")
     if not cell_size > 0:
         raise ValueError(f"cell_size must be > 0 metres, got {cell_size}")
-    radius = _default_radius() if radius is None else radius
     out = np.full(traversable.shape, np.inf)
     seeds = sources & traversable
     if not seeds.any():
@@ -165,7 +156,7 @@ def _grid_graph(traversable: np.ndarray, index: np.ndarray, n: int, cell_size: f
 
 
 def path_to_goal(field: np.ndarray, start_cell: tuple[int, int] | np.ndarray,
-                 radius: Optional[int] = None, max_length_m: float = math.inf) -> list[tuple[int, int]]:
+                 radius: int, max_length_m: float = math.inf) -> list[tuple[int, int]]:
     """Cells ``(row, col)`` of a shortest path from ``start_cell`` down ``field`` to a 0 cell.
 
     Each step goes to the neighbour (same neighbourhood as the field) with the steepest descent
@@ -175,7 +166,6 @@ def path_to_goal(field: np.ndarray, start_cell: tuple[int, int] | np.ndarray,
     the field has dropped by that much (metres; for short lookaheads). Returns ``[]`` if the
     start is unreachable (``inf``).
     """
-    radius = _default_radius() if radius is None else radius
     h, w = field.shape
     cell = (int(start_cell[0]), int(start_cell[1]))
     if not (0 <= cell[0] < h and 0 <= cell[1] < w) or not np.isfinite(field[cell]):

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 from scipy import ndimage
@@ -75,11 +75,6 @@ class GibsonFormatError(ValueError):
     """A Gibson ``*_info.pbz2`` file does not have the expected structure."""
 
 
-def load_config(overrides: Sequence[str] = ()) -> GibsonConfig:
-    """``configs/gibson.yaml`` with ``gibson.key=value`` overrides applied."""
-    return config_mod.load("gibson", overrides)
-
-
 def category_name(name: str, cfg: GibsonConfig) -> str:
     """A Gibson (or habitat-lab) category name -> this package's name (unchanged if not in the table)."""
     return cfg.category_names.get(name, name)
@@ -90,15 +85,12 @@ def scene_name(scene: str, floor: Any) -> str:
     return f"gibson/{scene}/{floor}"
 
 
-def load_gibson_scenes(path: Path | str, cfg: GibsonConfig | None = None,
-                       overrides: Sequence[str] = ()) -> list[Scene]:
-    """All floors of a Gibson ``*_info.pbz2`` file as scenes, sorted by name.
-
-    ``cfg`` defaults to ``configs/gibson.yaml`` with ``overrides``. Raises ``FileNotFoundError``,
+def load_gibson_scenes(path: Path | str, cfg: GibsonConfig) -> list[Scene]:
+    """All floors of a Gibson ``*_info.pbz2`` file as scenes (``cfg``: the ``gibson`` section),
+    sorted by name. Raises ``FileNotFoundError``,
     ``CorruptFileError``/``UnsafePickleError`` (``trajrag.safe_pickle``) or ``GibsonFormatError``,
     each naming the file (and the scene for a malformed entry).
     """
-    cfg = cfg if cfg is not None else load_config(overrides)
     _check_config(cfg)
     path = Path(path).expanduser().resolve()
     if not path.is_file():

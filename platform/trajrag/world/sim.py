@@ -100,8 +100,8 @@ def intrinsics_of(cfg: SimConfig) -> CameraIntrinsics:
 class GridSimulator:
     """Discrete-action simulator over grid scenes with 2.5D depth / semantic / RGB sensors."""
 
-    def __init__(self, cfg: Optional[SimConfig] = None) -> None:
-        self.cfg = cfg if cfg is not None else config_mod.load("sim")
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
         validate(self.cfg)
         self._intrinsics = intrinsics_of(self.cfg)
         self._renderer = Renderer(self._intrinsics, self.cfg.wall_height, self.cfg.ray_step_cells, self.cfg.rgb)

@@ -1,0 +1,327 @@
+"""The prefilter: which groups a new trajectory is matched against (the coarse candidate search).
+
+Every summary node has a rotation-invariant descriptor (hashed counts of label pairs at each
+angular offset, ``node_descriptors``) in an in-memory float32 matrix (``NodeIndex``); each node
+of a new trajectory votes for the groups of its most similar summary nodes, and only the
+best-voted groups are matched exactly (``matching.match``). The exact matching, the expensive
+part, therefore does not grow with the number of groups. The retriever's coarse stage votes the
+same way (``NodeIndex.node_votes``, ``rank_votes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from trajrag.memory.matching import N_SECTORS
+from trajrag.topo.labels import UNKNOWN
+
+# Sector labels are int8 in the store: codes from UNKNOWN (-3) to 127 shift to 0..130.
+_LABEL_SPAN = 131
+_OFFSETS = np.arange(1, N_SECTORS // 2 + 1)  # every distinct angular offset on the 12-cycle
+# Nodes added since the inverted lists were laid out are gathered row by row at search time;
+# beyond this share of all rows the lists are laid out contiguously again (a copy of the index,
+# ~0.1 s at 100k nodes; rare, since the share is of a growing index).
+_MAX_EXTRA_SHARE = 0.1
+
+
+def node_descriptors(sectors: np.ndarray, dim: int) -> np.ndarray:
+    """Rotation-invariant node descriptors (K, dim) float32, unit L2 norm (zero if no evidence).
+
+    Each node contributes the words (label at sector i, label at sector i + d, d) for every
+    sector i and offset d = 1..6: which labels it sees and at what angle from one another.
+    A cyclic shift of the sectors maps the multiset of words onto itself, so no heading
+    alignment is needed. Words with an UNKNOWN side carry no evidence. Words are hashed into
+    ``dim`` bins; counts are square-rooted (damping the ubiquitous free/obstacle words) and
+    normalised, so the dot product of two descriptors approximates Eq. 8's similarity cheaply.
+    """
+    a = np.asarray(sectors, dtype=np.int64)
+    k = len(a)
+    if k == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    idx = (np.arange(N_SECTORS)[:, None] + _OFFSETS[None, :]) % N_SECTORS  # (12, 6)
+    first = np.broadcast_to(a[:, :, None], (k, N_SECTORS, len(_OFFSETS)))
+    second = a[:, idx]
+    valid = (first != UNKNOWN) & (second != UNKNOWN)
+    word = ((first - UNKNOWN) * _LABEL_SPAN + (second - UNKNOWN)) * len(_OFFSETS) + _OFFSETS - 1
+    # Multiplicative hashing spreads the structured word ids over all bins.
+    bins = (word * 2654435761) % (2**32) % dim
+    rows = np.broadcast_to(np.arange(k)[:, None, None], bins.shape)
+    flat = np.bincount((rows * dim + bins)[valid], minlength=k * dim)
+    desc = np.sqrt(flat.reshape(k, dim).astype(np.float32))
+    norm = np.linalg.norm(desc, axis=1, keepdims=True)
+    return desc / np.where(norm > 0, norm, 1.0)
+
+
+@dataclass(frozen=True)
+class IVFParams:
+    """Inverted-file search over node descriptors (see ``NodeIndex``); configs/memory.yaml."""
+
+    min_nodes: int  # below this many nodes, exact search
+    lists_per_sqrt: float  # lists = lists_per_sqrt * sqrt(nodes at training)
+    probes: int  # lists searched per query node
+    train_sample: int  # nodes the k-means sees
+    kmeans_iterations: int
+    seed: int
+
+
+class NodeIndex:
+    """In-memory index of every summary node's descriptor, for picking candidate groups.
+
+    ``candidates(sectors, n, neighbours)``: each node of the query retrieves its ``neighbours``
+    most similar summary nodes (dot product of ``node_descriptors``) and votes for their groups;
+    the ``n`` best-voted groups are returned. Node-level votes keep partial trajectories
+    findable: a group-level bag of labels is dominated by the labels every home has.
+
+    Search is exact over all N nodes (one (K x D) @ (D x N) product) until N reaches
+    ``ivf.min_nodes``; then an inverted file takes over: spherical k-means splits the nodes into
+    ~``lists_per_sqrt * sqrt(N)`` lists, and each query node searches only the ``probes`` lists
+    whose centroids are closest, so a query costs O(sqrt(N)) instead of O(N). The lists are
+    retrained whenever the index has doubled since the last training (amortised O(1) per
+    insert); nodes added in between join their nearest list.
+
+    At training the descriptors are reordered so that each list is one contiguous block of
+    rows: a probe is then a slice (no gather of scattered rows, which cost more than the dot
+    products). Nodes added since sit at the end, listed per inverted list in ``_extra``.
+    """
+
+    def __init__(self, dim: int, ivf: IVFParams | None = None) -> None:
+        self.dim = dim
+        self.ivf = ivf
+        self._desc = np.zeros((1024, dim), dtype=np.float32)
+        self._owner = np.full(1024, -1, dtype=np.int64)
+        self._rows: dict[int, np.ndarray] = {}
+        self._used = 0
+        self._dead = 0
+        self._centroids: np.ndarray | None = None
+        # Trained rows of list l: [_bounds[l], _bounds[l + 1]); rows that joined it since: _extra[l]
+        # (a numpy copy of each in _extra_rows, refreshed when the list grew).
+        self._bounds: list[int] = [0]
+        self._extra: list[list[int]] = []
+        self._extra_rows: list[np.ndarray] = []
+        self._list_of = np.full(1024, -1, dtype=np.int64)  # inverted list of each row (-1: none)
+        self._trained_at = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def n_nodes(self) -> int:
+        return self._used - self._dead
+
+    @property
+    def _n_extra(self) -> int:
+        """Rows added since the lists were laid out: all of them sit after the blocks."""
+        return self._used - self._bounds[-1]
+
+    def set_group(self, group_id: int, sectors: np.ndarray) -> None:
+        """Index (or re-index) all nodes of a group."""
+        desc = node_descriptors(sectors, self.dim)
+        rows = self._rows.get(group_id)
+        if rows is not None and len(rows) <= len(desc):
+            extra = self._alloc(len(desc) - len(rows))
+            rows = np.concatenate([rows, extra])
+        else:
+            if rows is not None:
+                self.remove_group(group_id)
+            extra = rows = self._alloc(len(desc))
+        self._desc[rows] = desc
+        self._owner[rows] = group_id
+        self._rows[group_id] = rows
+        if self._centroids is not None and len(extra):
+            # Rows already indexed keep their list: filling UNKNOWN sectors moves them little.
+            lists = (desc[-len(extra):] @ self._centroids.T).argmax(1)
+            self._list_of[extra] = lists
+            for row, lst in zip(extra.tolist(), lists.tolist()):
+                self._extra[lst].append(row)
+            if self._n_extra > self._used * _MAX_EXTRA_SHARE:
+                self._repack()  # lays the lists out contiguously again
+        self._maybe_train()
+
+    def remove_group(self, group_id: int) -> None:
+        rows = self._rows.pop(group_id, None)
+        if rows is None:
+            return
+        self._desc[rows] = 0.0
+        self._owner[rows] = -1
+        self._dead += len(rows)
+        if self._dead > max(1024, self._used // 4):
+            self._repack()
+
+    def _alloc(self, n: int) -> np.ndarray:
+        if self._used + n > len(self._desc):
+            grow = max(n, len(self._desc))
+            self._desc = np.concatenate([self._desc, np.zeros((grow, self.dim), np.float32)])
+            self._owner = np.concatenate([self._owner, np.full(grow, -1, np.int64)])
+            self._list_of = np.concatenate([self._list_of, np.full(grow, -1, np.int64)])
+        rows = np.arange(self._used, self._used + n)
+        self._used += n
+        return rows
+
+    def _repack(self) -> None:
+        """Drop removed rows; with an inverted file, lay the lists out contiguously again."""
+        live = np.where(self._owner[: self._used] >= 0)[0]
+        self._layout(live, self._list_of[live] if self._centroids is not None else None)
+
+    def _layout(self, live: np.ndarray, lists: np.ndarray | None) -> None:
+        """Keep only rows ``live``, ordered by inverted list ``lists`` (stable) when given."""
+        order = np.argsort(lists, kind="stable") if lists is not None else np.arange(len(live))
+        keep = live[order]
+        remap = np.full(self._used, -1, dtype=np.int64)
+        remap[keep] = np.arange(len(keep))
+        n = len(keep)
+        self._desc[:n], self._owner[:n] = self._desc[keep], self._owner[keep]
+        self._list_of[:n] = self._list_of[keep] if lists is None else lists[order]
+        self._desc[n: self._used] = 0.0
+        self._owner[n: self._used] = -1
+        self._list_of[n: self._used] = -1
+        self._rows = {g: remap[r] for g, r in self._rows.items()}
+        if lists is not None:
+            n_lists = len(self._centroids)
+            self._bounds = np.searchsorted(self._list_of[:n], np.arange(n_lists + 1)).tolist()
+            self._extra = [[] for _ in range(n_lists)]
+            self._extra_rows = [np.zeros(0, np.int64) for _ in range(n_lists)]
+        self._used, self._dead = n, 0
+
+    def _maybe_train(self) -> None:
+        ivf = self.ivf
+        if ivf is None or self.n_nodes < ivf.min_nodes or self.n_nodes < 2 * self._trained_at:
+            return
+        live = np.where(self._owner[: self._used] >= 0)[0]
+        rng = np.random.default_rng(ivf.seed)
+        sample = self._desc[rng.choice(live, min(len(live), ivf.train_sample), replace=False)]
+        n_lists = min(len(sample), int(math.ceil(ivf.lists_per_sqrt * math.sqrt(len(live)))))
+        centroids = sample[rng.choice(len(sample), n_lists, replace=False)]
+        for _ in range(ivf.kmeans_iterations):  # spherical k-means: unit centroids, dot products
+            nearest = (sample @ centroids.T).argmax(axis=1)
+            sums = np.zeros_like(centroids)
+            np.add.at(sums, nearest, sample)
+            norms = np.linalg.norm(sums, axis=1, keepdims=True)
+            centroids = np.where(norms > 0, sums / np.maximum(norms, 1e-12), centroids)
+        self._centroids = centroids.astype(np.float32)
+        assign = np.concatenate([(self._desc[chunk] @ self._centroids.T).argmax(axis=1)
+                                 for chunk in np.array_split(live, max(1, len(live) // 8192))])
+        self._layout(live, assign)
+        self._trained_at = len(live)
+
+    def _probed(self, query_node: np.ndarray, lists: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Similarities of one query node to the rows of ``lists``, and those rows' groups
+        (-1: a removed row)."""
+        sims, owners = [], []
+        for lst in lists:
+            lo, hi = self._bounds[lst], self._bounds[lst + 1]
+            sims.append(self._desc[lo:hi] @ query_node)
+            owners.append(self._owner[lo:hi])
+            if self._extra[lst]:
+                if len(self._extra_rows[lst]) != len(self._extra[lst]):
+                    self._extra_rows[lst] = np.asarray(self._extra[lst], dtype=np.int64)
+                rows = self._extra_rows[lst]
+                sims.append(self._desc[rows] @ query_node)
+                owners.append(self._owner[rows])
+        return np.concatenate(sims), np.concatenate(owners)
+
+    def candidates(self, sectors: np.ndarray, n: int, neighbours: int) -> list[int]:
+        """Group ids of the ``n`` best-voted groups for a query's sector vectors, best first.
+
+        Each query node retrieves its ``neighbours`` most similar summary nodes; a retrieved
+        node votes for its group with sqrt(similarity - the query node's next-best similarity),
+        so a node that looks like many others (a plain corridor) casts almost no vote while a
+        distinctive one counts; a group takes its best vote from each query node.
+        """
+        if not self._rows or len(sectors) == 0:
+            return []
+        return _ranked(*_top_votes(*self._similarities(sectors), neighbours), n)
+
+    def node_votes(self, sectors: np.ndarray, neighbours: int) -> list[dict[int, float]]:
+        """Per query node, its vote for each group (see ``candidates``); callers that see the
+        same nodes again (a navigator re-deciding along one trajectory) can cache them."""
+        if not self._rows or len(sectors) == 0:
+            return [{} for _ in range(len(sectors))]
+        return _votes(*self._similarities(sectors), neighbours)
+
+    def _similarities(self, sectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Query nodes x searched nodes: descriptor similarities (-inf: padding) and the searched
+        nodes' groups (-1: none), per column (exact search) or per entry (inverted file)."""
+        query = node_descriptors(sectors, self.dim)
+        if self._centroids is None:
+            return query @ self._desc[: self._used].T, self._owner[: self._used]
+        probes = min(self.ivf.probes, len(self._centroids))
+        near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+        probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
+        # One (query nodes x longest) matrix: padding has no similarity and no group.
+        width = max(len(sims) for sims, _ in probed)
+        sim = np.full((len(probed), width), -np.inf, dtype=np.float32)
+        owner = np.full((len(probed), width), -1, dtype=np.int64)
+        for k, (sims, owners) in enumerate(probed):
+            sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
+        return sim, owner
+
+
+def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:
+    """Per row of ``sim`` (query nodes x indexed nodes; -inf: no node there): the best vote for
+    each group among the row's ``neighbours`` most similar nodes (see ``NodeIndex.candidates``).
+    ``owner`` holds the indexed nodes' groups (-1: none), per column or per entry."""
+    groups, weights = _top_votes(sim, owner, neighbours)
+    votes = []
+    for q_owners, q_weights in zip(groups.tolist(), weights.tolist()):
+        best: dict[int, float] = {}
+        for g, w in zip(q_owners, q_weights):
+            if g >= 0 and w > best.get(g, 0.0):
+                best[g] = w
+        votes.append(best)
+    return votes
+
+
+def _ranked(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:
+    """``rank_votes(_votes(...), n)`` from ``_top_votes``' arrays without a dict per query node,
+    to the bit: each group's votes (its best per query node) are summed in float64 in query
+    node order, as ``rank_votes`` adds them."""
+    rows = np.broadcast_to(np.arange(len(groups))[:, None], groups.shape).ravel()
+    groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
+    keep = (groups >= 0) & (weights > 0)
+    rows, groups, weights = rows[keep], groups[keep], weights[keep]
+    # The best vote of each (query node, group): sorted by node, group, vote descending.
+    order = np.lexsort((-weights, groups, rows))
+    rows, groups, weights = rows[order], groups[order], weights[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (groups[1:] != groups[:-1])
+    ids, dense = np.unique(groups[first], return_inverse=True)
+    scores = np.bincount(dense, weights=weights[first], minlength=len(ids))
+    ranked = np.lexsort((ids, -scores))[:n]
+    return ids[ranked].tolist()
+
+
+def _top_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``sim``: the groups of its ``neighbours`` most similar nodes and their votes
+    (sqrt of the margin over the next node), (rows, m) each; see ``_votes``."""
+    total = sim.shape[1]
+    if total == 0:
+        return np.zeros((len(sim), 0), np.int64), np.zeros((len(sim), 0), np.float32)
+    m = min(neighbours, total)
+    if m < total:
+        # The m + 1 largest per row (partitioning ``sim`` itself: no negated copy).
+        top = np.argpartition(sim, total - m - 1, axis=1)[:, total - m - 1:]
+        sims = np.take_along_axis(sim, top, axis=1)
+        order = np.argsort(-sims, axis=1)
+        top, sims = np.take_along_axis(top, order, 1), np.take_along_axis(sims, order, 1)
+        # Similarities are >= 0: a row with no (m + 1)-th node measures its margin from 0.
+        weights = np.sqrt(np.maximum(sims[:, :m] - np.maximum(sims[:, m:], 0.0), 0.0))
+        top = top[:, :m]
+    else:
+        top = np.broadcast_to(np.arange(total), sim.shape)
+        weights = np.sqrt(np.maximum(sim, 0.0))
+    groups = owner[top] if owner.ndim == 1 else np.take_along_axis(owner, top, axis=1)
+    return groups, weights
+
+
+def rank_votes(votes: Iterable[dict[int, float]], n: int) -> list[int]:
+    """The ``n`` groups with the largest summed node votes, best first (ties: lower id)."""
+    scores: dict[int, float] = {}
+    for best in votes:
+        for g, w in best.items():
+            scores[g] = scores.get(g, 0.0) + w
+    ranked = sorted(scores.items(), key=lambda gw: (-gw[1], gw[0]))
+    return [g for g, _ in ranked[:n]]
