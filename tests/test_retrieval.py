@@ -610,3 +610,54 @@ def test_run_settings_name_a_local_memory_the_same_from_any_folder(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     absolute = run_settings("frontier", config.settings([f"retrieval.store={tmp_path / 'M'}"]))
     assert run_settings("frontier", config.settings(["retrieval.store=M"])) == absolute
+
+
+def test_in_a_home_the_memory_has_walked_the_planner_heads_for_where_its_walks_saw_the_goal():
+    candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
+    ctx = _context(candidates, [2.0, 2.5])
+    ctx.trajectory = SimpleNamespace(scene_id="home", node_xy=np.array([[0.0, -3.0]]))
+
+    class _Home(_FixedRetriever):
+        def __init__(self):
+            super().__init__([])
+            self.asked = []
+
+        def home_goal_points(self, scene, goal):
+            self.asked.append((scene, goal))
+            return np.array([[5.0, 0.0]]) if scene == "home" else np.zeros((0, 2))
+
+    retriever = _Home()
+    planner = ScoringPlanner(retriever, _scoring())
+    # 2.5 m + 4 m on to the remembered place beats 2 m + 5 m; read once per episode
+    assert planner.choose(ctx) == 1 and planner.choose(ctx) == 1
+    assert retriever.asked == [("home", "toilet")]
+    assert planner.last_terms["goal_projection"].tolist() == [-5.0, -4.0]
+    # once the agent has stood at the place without finding the goal, it is forgotten
+    ctx.trajectory.node_xy = np.array([[0.0, -3.0], [5.2, 0.1]])
+    assert planner.choose(ctx) == 0 and len(planner.home_points) == 0
+    # another home's walks say nothing about this one
+    planner.reset("toilet", 0)
+    ctx.trajectory = SimpleNamespace(scene_id="elsewhere", node_xy=np.zeros((0, 2)))
+    assert planner.choose(ctx) == 0
+
+
+@pytest.mark.slow
+def test_home_goal_points_are_the_nodes_of_that_homes_walks_that_saw_the_goal(nav_memory):
+    from trajrag.memory.store import CHUNKS, MemoryStore
+
+    store, model_dir = nav_memory
+    retriever = _retriever(store, model_dir, "retrieval.home_cell_m=0.01")
+    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["scene_hint", "goal", "node_xy", "sectors"]).to_pylist()
+    label = MemoryStore(store, read_only=True).vocabulary()
+    scene, goal = rows[0]["scene_hint"], rows[0]["goal"]
+    expected = []
+    for row in rows:
+        if row["scene_hint"] == scene:
+            xy = np.asarray(row["node_xy"]).reshape(-1, 2)
+            saw = (np.asarray(row["sectors"]).reshape(len(xy), -1) == label[goal]).any(axis=1)
+            expected.extend(map(tuple, xy[saw]))
+    points = retriever.home_goal_points(scene, goal)
+    assert len(expected) and len(points) == len(set(expected))  # 1 cm cells: every sighting node once
+    assert {tuple(p) for p in np.round(points, 6)} == {tuple(p) for p in np.round(np.unique(expected, axis=0), 6)}
+    assert len(retriever.home_goal_points("gibson/Elsewhere/0", goal)) == 0
+    assert len(_retriever(store, model_dir, "retrieval.home_goals=false").home_goal_points(scene, goal)) == 0

@@ -12,7 +12,10 @@ Each candidate path is scored by the experience retrieved for it (``retrieval.Re
 * **cost**: the geodesic distance to the frontier, in metres (the nearest-frontier criterion),
   plus the nearest-frontier planner's hysteresis so re-decisions do not dither; with
   ``retrieval.project_goal``, plus the straight line on from the frontier to where past walks
-  through this place found the goal (``goal_beyond``), when the coarse stage recognised the place.
+  through this place found the goal (``goal_beyond``), when the coarse stage recognised the place;
+  with ``retrieval.home_goals``, in a home the memory has walked, to where its walks saw the goal
+  (``Retriever.home_goal_points``: the robot is localised in its home's map), less the places the
+  agent has since walked to without finding it.
 
 * **value** (with ``scoring.value_model``): the frontier value learned from past decisions in
   the memory's homes (``planners.frontier_value``): what the objects mapped around a frontier,
@@ -41,7 +44,7 @@ from trajrag import config
 from trajrag.config import Settings
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.frontier_value import FrontierValueModel, candidate_features, load_value_model
-from trajrag.retrieval.retriever import load_retriever
+from trajrag.retrieval.retriever import LruCache, load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
 
@@ -56,6 +59,7 @@ class ScoringConfig:
     hysteresis_m: float
     end_nodes: int
     keep_goal_points: bool
+    forget_home_point_m: float
     w_priors_with_goal_points: float
     value_model: str
     w_value: float
@@ -85,10 +89,12 @@ class ScoringPlanner(RetrievalTimings):
         self.last_scores: np.ndarray | None = None
         self.last_terms: dict[str, np.ndarray] = {}  # per candidate, higher = preferred
         self.goal_points = np.zeros((0, 2))  # this episode's projected goal points (map frame, m)
+        self.home_points: np.ndarray | None = None  # where this home's walks saw the goal, not yet visited
 
     def reset(self, goal: str, seed: int) -> None:
         super().reset(goal, seed)
         self.goal_points = np.zeros((0, 2))
+        self.home_points = None
 
     @property
     def wants_place(self) -> bool:
@@ -104,11 +110,27 @@ class ScoringPlanner(RetrievalTimings):
             retrieval = with_kept_points(retrieval, self.goal_points)
             if retrieval.goal_points is not None:
                 self.goal_points = retrieval.goal_points
+        home = self._unvisited_home_points(ctx)
+        if len(home):
+            known = np.zeros((0, 2)) if retrieval.goal_points is None else retrieval.goal_points
+            retrieval = replace(retrieval, goal_points=np.vstack([np.reshape(known, (-1, 2)), home]))
         self.last_retrieval = retrieval
         self.add_timings(retrieval.total_ms, retrieval.coarse_ms, retrieval.encode_ms)
         scores = self.score(ctx, retrieval)
         self.last_scores = scores
         return int(np.argmax(scores))
+
+    def _unvisited_home_points(self, ctx: PlannerContext) -> np.ndarray:
+        """float (P, 2) map-frame metres: the places where the memory's walks of this home saw the
+        goal (read once per episode), less those within ``forget_home_point_m`` of a node walked."""
+        if self.home_points is None:
+            lookup = getattr(self.retriever, "home_goal_points", None)  # a Serve client has none
+            self.home_points = np.zeros((0, 2)) if lookup is None else lookup(ctx.trajectory.scene_id, ctx.goal)
+        walked = np.asarray(ctx.trajectory.node_xy, dtype=float).reshape(-1, 2) if len(self.home_points) else []
+        if len(walked):
+            gaps = np.linalg.norm(self.home_points[:, None, :] - walked[None, :, :], axis=2).min(axis=1)
+            self.home_points = self.home_points[gaps > self.cfg.forget_home_point_m]
+        return self.home_points
 
     def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval,
               value_features: np.ndarray | None = None) -> np.ndarray:
@@ -127,7 +149,9 @@ class ScoringPlanner(RetrievalTimings):
             priors = cfg.w_priors_with_goal_points * priors
         # With a value model the distance is priced by the value (its own per_metre) instead.
         per_metre = cfg.w_distance_per_m if self.value is None else cfg.w_distance_per_m_with_value
-        scores = priors - per_metre * (distance + beyond)
+        # The way on from a frontier to a remembered goal is priced per metre with or without a
+        # value model: the value knows nothing of places remembered.
+        scores = priors - per_metre * distance - cfg.w_distance_per_m * beyond
         self.last_terms = {"similarity": similarity, "context": context, "nearness": -distance}
         if retrieval.goal_points is not None:
             self.last_terms["goal_projection"] = -beyond
@@ -207,18 +231,22 @@ def _cosine(a: Mapping[str, float], b: Mapping[str, float]) -> float:
 
 
 # -- factories (agent/registry.py) ------------------------------------------------------------
-_RETRIEVERS: dict[tuple, Any] = {}
+# The retrievers of the last few configurations: the revisit benchmark reads one memory per home,
+# home after home, and keeping every home's retriever grew an evaluation past a gigabyte.
+_RETRIEVERS = LruCache(4)
 
 
 def shared_retriever(settings: Settings) -> Any:
     """One retriever per process and configuration: the values of the ``retrieval``, ``memory``
     and ``encoder`` sections it is made of (loading one reads the whole store and the encoder,
-    seconds; every agent of an evaluation shares it)."""
+    seconds; every agent of an evaluation shares it). The four last used are kept."""
     key = json.dumps([config.to_dict(section) for section in (settings.retrieval, settings.memory, settings.encoder)],
                      sort_keys=True)
-    if key not in _RETRIEVERS:
-        _RETRIEVERS[key] = load_retriever(settings)
-    return _RETRIEVERS[key]
+    retriever = _RETRIEVERS.get_recent(key)
+    if retriever is None:
+        retriever = load_retriever(settings)
+        _RETRIEVERS.put(key, retriever)
+    return retriever
 
 
 def make_scoring_planner(settings: Settings) -> ScoringPlanner:
