@@ -19,6 +19,7 @@ from trajrag import config
 from trajrag.planners.base import PlannerContext
 from trajrag.planners.chat import ChatError, FixedChatModel, LocalChatModel, OpenAIChatClient, make_chat
 from trajrag.planners.llm import LLMPlanner, LLMPlannerError, build_messages, parse_answer
+from trajrag.planners.llm_choice import ChoiceAsker
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 from trajrag.topo.candidates import CandidatePath
 from trajrag.topo.labels import FREE, OBSTACLE, UNKNOWN
@@ -224,6 +225,22 @@ def test_chat_failures_fall_back_then_raise_when_they_persist():
     assert planner.totals.chat_errors == 2 and planner.fallbacks == 2 and planner.parse_failures == 0
     with pytest.raises(LLMPlannerError, match="3 chat failures in a row"):
         planner.choose(_context(3))
+
+
+def test_the_comparison_planners_asker_gives_up_after_as_many_chat_failures_in_a_row():
+    """Embodied-RAG and NavProbe ask through ``ChoiceAsker``: the same guard as the LLM planner,
+    its failures counted across choices and written summaries, an answer ending the run."""
+    down = ChatError("chat server http://127.0.0.1:9/v1/chat/completions unreachable")
+    asker = ChoiceAsker(ScriptedChat([down, down, '{"choice": 1}', down, down, down]),
+                        _planner_cfg(max_consecutive_chat_errors=2))
+    assert asker.choose("Pick a place.", "Where is the bed?", 3) is None  # the planner's own rule decides
+    assert asker.write("Summarise.", "a bed, a lamp", 20) is None
+    assert asker.choose("Pick a place.", "Where is the bed?", 3) == 1
+    assert asker.choose("Pick a place.", "Where is the bed?", 3) is None
+    assert asker.write("Summarise.", "a bed, a lamp", 20) is None
+    assert (asker.counts.asked, asker.counts.chat_errors, asker.counts.fallbacks, asker.counts.answers) == (5, 4, 4, 1)
+    with pytest.raises(LLMPlannerError, match="3 chat failures in a row"):
+        asker.choose("Pick a place.", "Where is the bed?", 3)
 
 
 def test_mostly_unusable_answers_still_fall_back_but_warn_once_on_stderr(capsys):

@@ -35,7 +35,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -304,6 +304,72 @@ def answer_format(n_candidates: int) -> str:
             '"reason": "<one short sentence>"}.')
 
 
+# -- asking (shared with planners.llm_choice) --------------------------------------------------------------
+class ChatCounts(Protocol):
+    """What ``GuardedChat`` adds to (``LLMCounts``, ``llm_choice.ChoiceCounts``): answers
+    received, unusable answers, backend failures, seconds waiting for the backend."""
+
+    answers: int
+    parse_failures: int
+    chat_errors: int
+    chat_s: float
+
+
+class GuardedChat:
+    """``chat`` asked under the answer protocol of ``cfg`` (module docstring, 3.), with the guard
+    on backend failures: a failure falls back, more than ``max_consecutive_chat_errors`` in a row
+    raise ``LLMPlannerError``. One per planner: its failures in a row count across its questions.
+
+    who: the start of its messages (e.g. ``"LLM planner: "``). decider: who decides instead of
+    the model, named in the warning (e.g. ``"the fallback"``).
+    """
+
+    def __init__(self, chat: ChatModel, cfg: LLMPlannerConfig, who: str, decider: str) -> None:
+        self.chat, self.cfg, self.who, self.decider = chat, cfg, who, decider
+        self._errors_in_a_row = 0
+
+    def choose(self, transcript: LLMTranscript, n: int, counts: ChatCounts) -> Optional[int]:
+        """The choice (0..n-1) the model answers to ``transcript.messages``, or None when no answer
+        was usable; ``transcript`` keeps every answer, error and the last request sent."""
+        for attempt in range(1 + self.cfg.retries):
+            answer = self.complete(transcript, self.cfg.prefill, self.cfg.max_tokens, counts)
+            if answer is None:
+                return None
+            parsed = parse_answer(answer, n)
+            if parsed.choice is not None:
+                transcript.reason = parsed.reason
+                return parsed.choice
+            counts.parse_failures += 1
+            transcript.errors.append(parsed.error)
+            if attempt < self.cfg.retries:  # show the model its answer and what was wrong with it
+                transcript.messages = transcript.messages + [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"That answer is not usable: {parsed.error}. {answer_format(n)}"}]
+        return None
+
+    def complete(self, transcript: LLMTranscript, prefill: str, max_tokens: int, counts: ChatCounts) -> Optional[str]:
+        """The model's answer to ``transcript.messages`` (``max_tokens`` new tokens at most), or None
+        when the backend failed (the error kept in ``transcript.errors``)."""
+        start = time.perf_counter()
+        try:
+            answer = self.chat.complete(transcript.messages, prefill=prefill, max_tokens=max_tokens)
+        except ChatError as exc:
+            counts.chat_errors += 1
+            transcript.errors.append(str(exc))
+            self._errors_in_a_row += 1
+            if self._errors_in_a_row > self.cfg.max_consecutive_chat_errors:
+                raise LLMPlannerError(f"{self.who}{self._errors_in_a_row} chat failures in a row "
+                                      f"(llm.planner.max_consecutive_chat_errors); last: {exc}") from exc
+            log.warning("%schat backend failed, %s decides: %s", self.who, self.decider, exc)
+            return None
+        finally:
+            counts.chat_s += time.perf_counter() - start
+        self._errors_in_a_row = 0
+        counts.answers += 1
+        transcript.answers.append(answer)
+        return answer
+
+
 # -- the planner ---------------------------------------------------------------------------------------
 class LLMPlanner:
     """Planner whose choice comes from a chat model (see the module docstring).
@@ -317,7 +383,7 @@ class LLMPlanner:
 
     def __init__(self, chat: ChatModel, fallback: Planner, cfg: LLMPlannerConfig,
                  retrieve: Optional[Callable[[Sequence[TopoPolarTrajectory], str], DecisionRetrieval]] = None) -> None:
-        self.chat = chat
+        self.guarded_chat = GuardedChat(chat, cfg, who="LLM planner: ", decider="the fallback")
         self.fallback = fallback
         self.cfg = cfg
         self.retrieve = retrieve
@@ -326,7 +392,6 @@ class LLMPlanner:
         self.last_transcript: Optional[LLMTranscript] = None
         self.last_retrieval: Optional[DecisionRetrieval] = None
         self.chat_ms: list[float] = []  # per decision put to the LLM, this episode
-        self._consecutive_chat_errors = 0
         self._unusable = 0  # decisions asked that fell back because no answer was usable
         self._warned_unusable = False
 
@@ -365,7 +430,7 @@ class LLMPlanner:
             return fallback_choice
         counts.asked = 1
         transcript = LLMTranscript(build_messages(ctx, self.last_retrieval, self.cfg), fallback_choice=fallback_choice)
-        choice = self._ask(transcript, len(ctx.candidates), counts)
+        choice = self.guarded_chat.choose(transcript, len(ctx.candidates), counts)
         if choice is None:
             counts.fallbacks = 1
             transcript.used_fallback = True
@@ -386,43 +451,6 @@ class LLMPlanner:
         if retrieval is None and self.retrieve is not None:
             retrieval = self.retrieve([c.trajectory for c in ctx.candidates], ctx.goal)
         return retrieval
-
-    def _ask(self, transcript: LLMTranscript, n: int, counts: LLMCounts) -> Optional[int]:
-        """The LLM's choice, or None when every attempt failed (counted in ``counts``)."""
-        messages = list(transcript.messages)
-        for attempt in range(1 + self.cfg.retries):
-            start = time.perf_counter()
-            try:
-                answer = self.chat.complete(messages, prefill=self.cfg.prefill, max_tokens=self.cfg.max_tokens)
-            except ChatError as exc:
-                counts.chat_s += time.perf_counter() - start
-                self._chat_failed(exc, counts, transcript)
-                return None
-            counts.chat_s += time.perf_counter() - start
-            self._consecutive_chat_errors = 0
-            counts.answers += 1
-            transcript.answers.append(answer)
-            parsed = parse_answer(answer, n)
-            if parsed.choice is not None:
-                transcript.reason = parsed.reason
-                return parsed.choice
-            counts.parse_failures += 1
-            transcript.errors.append(parsed.error)
-            if attempt < self.cfg.retries:  # show the model its answer and what was wrong with it
-                messages = messages + [
-                    {"role": "assistant", "content": answer},
-                    {"role": "user", "content": f"That answer is not usable: {parsed.error}. {answer_format(n)}"}]
-                transcript.messages = messages
-        return None
-
-    def _chat_failed(self, exc: ChatError, counts: LLMCounts, transcript: LLMTranscript) -> None:
-        counts.chat_errors += 1
-        transcript.errors.append(str(exc))
-        self._consecutive_chat_errors += 1
-        if self._consecutive_chat_errors > self.cfg.max_consecutive_chat_errors:
-            raise LLMPlannerError(f"LLM planner: {self._consecutive_chat_errors} chat failures in a row "
-                                  f"(llm.planner.max_consecutive_chat_errors); last: {exc}") from exc
-        log.warning("LLM planner: chat backend failed, the fallback decides: %s", exc)
 
     def _warn_if_mostly_unusable(self, transcript: LLMTranscript) -> None:
         """Once per planner: say on stderr that the fallback is making most decisions because the
