@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from trajrag import config
-from trajrag.agent.evaluate import PAIRED_METRICS, AgentRun
+from trajrag.agent.run_records import PAIRED_METRICS, AgentRun
 from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.queries.inventory import chunk_nodes
 from trajrag.revisit.memories import HomeMemories

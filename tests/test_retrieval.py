@@ -616,6 +616,9 @@ def test_in_a_home_the_memory_has_walked_the_planner_heads_for_where_its_walks_s
     candidates = [_candidate([2, 2]), _candidate([2, 2])]  # frontiers at x = 0 m and x = 1 m
     ctx = _context(candidates, [2.0, 2.5])
     ctx.trajectory = SimpleNamespace(scene_id="home", node_xy=np.array([[0.0, -3.0]]))
+    explored = np.zeros((400, 400), dtype=bool)  # 5 cm cells, the map's centre at (0, 0)
+    ctx.sem_map = SimpleNamespace(shape=explored.shape, cell_size=0.05, explored=explored,
+                                  to_cell=lambda xy: (int(200 + xy[1] / 0.05), int(200 + xy[0] / 0.05)))
 
     class _Home(_FixedRetriever):
         def __init__(self):
@@ -632,9 +635,16 @@ def test_in_a_home_the_memory_has_walked_the_planner_heads_for_where_its_walks_s
     assert planner.choose(ctx) == 1 and planner.choose(ctx) == 1
     assert retriever.asked == [("home", "toilet")]
     assert planner.last_terms["goal_projection"].tolist() == [-5.0, -4.0]
-    # once the agent has stood at the place without finding the goal, it is forgotten
-    ctx.trajectory.node_xy = np.array([[0.0, -3.0], [5.2, 0.1]])
-    assert planner.choose(ctx) == 0 and len(planner.home_points) == 0
+    # once the agent has come near the place, or mapped the ground around it, without finding the
+    # goal, it is forgotten
+    for forget in ("walked", "mapped"):
+        planner.reset("toilet", 0)
+        if forget == "walked":
+            ctx.trajectory.node_xy = np.array([[0.0, -3.0], [4.0, 0.5]])
+        else:
+            explored[150:250, 250:350] = True  # 2.5 m around (5, 0)
+        assert planner.choose(ctx) == 0 and len(planner.home_points) == 0
+        ctx.trajectory.node_xy, explored[:] = np.array([[0.0, -3.0]]), False
     # another home's walks say nothing about this one
     planner.reset("toilet", 0)
     ctx.trajectory = SimpleNamespace(scene_id="elsewhere", node_xy=np.zeros((0, 2)))
@@ -647,15 +657,18 @@ def test_home_goal_points_are_the_nodes_of_that_homes_walks_that_saw_the_goal(na
 
     store, model_dir = nav_memory
     retriever = _retriever(store, model_dir, "retrieval.home_cell_m=0.01")
-    rows = MemoryStore(store, read_only=True).read(CHUNKS, ["scene_hint", "goal", "node_xy", "sectors"]).to_pylist()
-    label = MemoryStore(store, read_only=True).vocabulary()
+    memory = MemoryStore(store, read_only=True)
+    maps = ["map_xy", "map_sectors"] if memory.keeps_maps else []
+    rows = memory.read(CHUNKS, ["scene_hint", "goal", "node_xy", "sectors", *maps]).to_pylist()
+    label = memory.vocabulary()
     scene, goal = rows[0]["scene_hint"], rows[0]["goal"]
     expected = []
-    for row in rows:
+    for row in rows:  # every node of the walk's map (or the walk, where no map is kept) seeing the goal
         if row["scene_hint"] == scene:
-            xy = np.asarray(row["node_xy"]).reshape(-1, 2)
-            saw = (np.asarray(row["sectors"]).reshape(len(xy), -1) == label[goal]).any(axis=1)
-            expected.extend(map(tuple, xy[saw]))
+            whole = bool(maps) and row["map_xy"] is not None
+            xy = np.asarray(row["map_xy"] if whole else row["node_xy"]).reshape(-1, 2)
+            sectors = np.asarray(row["map_sectors"] if whole else row["sectors"]).reshape(len(xy), -1)
+            expected.extend(map(tuple, xy[(sectors == label[goal]).any(axis=1)]))
     points = retriever.home_goal_points(scene, goal)
     assert len(expected) and len(points) == len(set(expected))  # 1 cm cells: every sighting node once
     assert {tuple(p) for p in np.round(points, 6)} == {tuple(p) for p in np.round(np.unique(expected, axis=0), 6)}

@@ -44,6 +44,7 @@ from trajrag import config
 from trajrag.config import Settings
 from trajrag.planners.base import PlannerContext, RetrievalTimings, candidate_distances, hysteresis_bonus
 from trajrag.planners.frontier_value import FrontierValueModel, candidate_features, load_value_model
+from trajrag.planners.target import explored_share
 from trajrag.retrieval.retriever import LruCache, load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 
@@ -60,6 +61,7 @@ class ScoringConfig:
     end_nodes: int
     keep_goal_points: bool
     forget_home_point_m: float
+    forget_explored_share: float
     w_priors_with_goal_points: float
     value_model: str
     w_value: float
@@ -122,14 +124,21 @@ class ScoringPlanner(RetrievalTimings):
 
     def _unvisited_home_points(self, ctx: PlannerContext) -> np.ndarray:
         """float (P, 2) map-frame metres: the places where the memory's walks of this home saw the
-        goal (read once per episode), less those within ``forget_home_point_m`` of a node walked."""
-        if self.home_points is None:
+        goal, less those searched without finding it: within ``forget_home_point_m`` of a node
+        walked, or with ``forget_explored_share`` of the map that near them explored (as the
+        semantic forest forgets its places: ``planners.embodied_rag``)."""
+        if self.home_points is None:  # the episode's first decision
             lookup = getattr(self.retriever, "home_goal_points", None)  # a Serve client has none
             self.home_points = np.zeros((0, 2)) if lookup is None else lookup(ctx.trajectory.scene_id, ctx.goal)
-        walked = np.asarray(ctx.trajectory.node_xy, dtype=float).reshape(-1, 2) if len(self.home_points) else []
+        if not len(self.home_points):
+            return self.home_points
+        walked = np.asarray(ctx.trajectory.node_xy, dtype=float).reshape(-1, 2)
         if len(walked):
             gaps = np.linalg.norm(self.home_points[:, None, :] - walked[None, :, :], axis=2).min(axis=1)
             self.home_points = self.home_points[gaps > self.cfg.forget_home_point_m]
+        unexplored = [explored_share(ctx.sem_map, p, self.cfg.forget_home_point_m) < self.cfg.forget_explored_share
+                      for p in self.home_points]
+        self.home_points = self.home_points[np.asarray(unexplored, dtype=bool)].reshape(-1, 2)
         return self.home_points
 
     def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval,

@@ -50,7 +50,8 @@ import numpy as np
 
 from trajrag.config import Settings
 from trajrag.encoder import EncoderError
-from trajrag.memory.forest import merge_places
+from trajrag.memory.forest import Places
+from trajrag.memory.forest_store import home_places
 from trajrag.memory.grouping import TrajectoryMemory
 from trajrag.memory.matching import N_SECTORS, match
 from trajrag.memory.prefilter import rank_votes
@@ -215,7 +216,7 @@ class Retriever:
         self._vote_cache: dict[bytes, dict[int, float]] = {}
         self._known = LruCache(self.cfg.query_cache)
         self._node_rows = LruCache(self.cfg.query_cache * 16)  # a candidate has up to max_nodes rows
-        self._home_points: dict[tuple[str, str], np.ndarray] = {}
+        self._home_places: dict[str, Places] = {}
         self.cache_hits = self.cache_misses = 0
 
     def _apply_representation(self) -> None:
@@ -248,7 +249,6 @@ class Retriever:
         self._query_names: dict[int, str] = {}  # categories only queries have: ids past the store's
         self.rows_of_group = _index_rows(self.groups.tolist())
         self.rows_of_goal = _index_rows(self.goals.tolist())
-        self.rows_of_scene = _index_rows(list(self.scene_hints))
         self.rows_of_group_goal = _index_rows(list(zip(self.groups.tolist(), self.goals.tolist())))
         self.embeddings = self._chunk_embeddings(table, cols["encoder_version"])
         self.end_in_group = self._ends_in_group(table, aliases) if self.cfg.project_goal else None
@@ -338,27 +338,21 @@ class Retriever:
                                  goal_points=goal_points, encode_ms=(encoded - mid) * 1e3)
 
     def home_goal_points(self, scene: str, goal: str) -> np.ndarray:
-        """float (P, 2) map-frame metres: where the memory's walks of ``scene`` saw ``goal`` (their
-        walked nodes with a sector on it), pooled per ``home_cell_m`` cell; empty where the memory
-        holds no walk of the home or its walks never saw the goal (and without ``home_goals``).
+        """float (P, 2) map-frame metres: where the memory's walks of ``scene`` saw ``goal`` (the
+        nodes of their maps, or of the walks where no map is kept, with a sector on it), pooled per
+        ``home_cell_m`` cell (``memory.forest_store.home_places``, the semantic forest's leaves);
+        empty where the memory holds no walk of the home or its walks never saw the goal (and
+        without ``home_goals``).
 
         Every walk of one scene maps in the simulator's frame of it (``mapping.semantic_map``), so
         a robot localised in its home reads these places as they are stored, with no matching:
         ``project_goal`` is for a robot that must first recognise where it is."""
         if not self.cfg.home_goals:
             return np.zeros((0, 2))
-        key = (scene, goal)
-        if key not in self._home_points:
-            self._home_points[key] = self._sightings(self.rows_of_scene.get(scene, _NO_ROWS), goal)
-        return self._home_points[key]
-
-    def _sightings(self, rows: np.ndarray, goal: str) -> np.ndarray:
-        label = self._vocab.get(goal)
-        if label is None:
-            return np.zeros((0, 2))
-        seen = [self.node_xy[r][(self.sectors[r] == label).any(axis=1)] for r in rows]
-        return merge_places(np.concatenate(seen) if seen else np.zeros((0, 2)), [()] * sum(map(len, seen)),
-                            self.cfg.home_cell_m).xy
+        if scene not in self._home_places:
+            self._home_places[scene] = home_places(self.store, scene, self.cfg.home_cell_m)[0]
+        places = self._home_places[scene]
+        return places.xy[[goal in objects for objects in places.objects]].reshape(-1, 2)
 
     def _coarse_stage(self, q: _Query, goal: str, by_goal: bool) -> _Known:
         """The candidate's kept groups, accepted matches and searchable rows (all rows: None),
