@@ -189,6 +189,21 @@ def test_mean_pooling_is_saved_with_the_model_and_older_folders_load_as_end_pool
         config.load("encoder", ["encoder.model.pooling=max"])
 
 
+def test_the_lean_gpt2_forward_embeds_to_the_bit_what_transformers_forward_embeds():
+    """The retriever's f_E skips transformers' per-call machinery (``gpt2_hidden``): the same z,
+    bit for bit, for batches with and without padding (one-node and max_nodes-long sequences
+    among them), with either pooling."""
+    for pooling in ("end_mean", "end"):
+        cfg = config.settings([f"encoder.model.pooling={pooling}"]).encoder
+        model = build_model(cfg.model, TINY_DIM, seed=3).eval()
+        rng = np.random.default_rng(2)
+        for lengths in [(3, 7, 1, 7), (5, 5), (cfg.model.max_nodes, 2)]:
+            seqs = [rng.normal(size=(n, TINY_DIM)).astype(np.float32) for n in lengths]
+            goals = rng.normal(size=(len(seqs), TINY_DIM)).astype(np.float32)
+            lean, reference = (embed(model, seqs, goals, 8, lean=flag) for flag in (True, False))
+            assert np.array_equal(lean, reference), (pooling, lengths)
+
+
 # -- loss and pairs -------------------------------------------------------------------------------
 def test_info_nce_rewards_aligned_pairs_and_ignores_same_group_candidates():
     rng = np.random.default_rng(1)

@@ -12,14 +12,23 @@ from trajrag.config import load
 from trajrag.memory.matching import (
     EVIDENCE,
     VerifierConfig,
-    mutual_knn,
     match,
+    match_similarity,
+    mutual_knn,
     pose_evidence,
     rotate_sectors,
     sector_similarity,
     sector_similarity_all,
+    sector_similarity_batch,
 )
-from trajrag.memory.prefilter import IVFParams, NodeIndex, node_descriptors
+from trajrag.memory.prefilter import (
+    IVFParams,
+    NodeIndex,
+    _votes,
+    node_descriptors,
+    rank_vote_arrays,
+    rank_votes,
+)
 from trajrag.memory.se2 import Transform2D, ransac_se2
 from trajrag.memory.synthetic import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.topo.labels import FREE, UNKNOWN
@@ -67,6 +76,30 @@ def test_mutual_knn_keeps_only_reciprocal_best_pairs():
     assert pairs == {(1, 0)}
     assert {(1, 0), (0, 1), (2, 1), (0, 0)} <= {tuple(p) for p in mutual_knn(S, 2)}
     assert len(mutual_knn(S, 1, min_similarity=0.99)) == 0
+    # A tie for the best keeps every tied pair.
+    tied = np.array([[0.6, 0.6], [0.2, 0.6]])
+    assert {tuple(p) for p in mutual_knn(tied, 1)} == {(0, 0), (0, 1), (1, 1)}
+
+
+def test_one_similarity_product_for_several_summaries_matches_as_one_match_each(params):
+    """The retriever's fast path: ``sector_similarity_batch`` then ``match_similarity`` per group
+    gives each group's ``match`` result, bit for bit, drawing the same random numbers."""
+    rng = np.random.default_rng(8)
+    homes = [synthetic_scene(rng, f"home{i}") for i in range(3)]
+    traj = synthetic_trajectory(homes[0], rng, "q", length=(25, 30))
+    summaries = [synthetic_trajectory(homes[k % 3], rng, f"s{k}", length=(5, 40)) for k in range(7)]
+    one_by_one, batched = np.random.default_rng(1), np.random.default_rng(1)
+    sims = sector_similarity_batch(traj.sectors, [s.sectors for s in summaries])
+    results = []
+    for summary, sim in zip(summaries, sims):
+        want = match(traj, summary, params, one_by_one)
+        got = match_similarity(traj, summary, sim, params, batched)
+        assert (got.score, got.transform, got.accepted, got.edge_support) == \
+            (want.score, want.transform, want.accepted, want.edge_support)
+        assert np.array_equal(got.pairs, want.pairs) and np.array_equal(got.inliers, want.inliers)
+        results.append(got)
+    assert any(r.accepted for r in results) and not all(r.accepted for r in results)
+    assert one_by_one.bit_generator.state == batched.bit_generator.state
 
 
 def test_ransac_recovers_a_rigid_transform_among_outliers():
@@ -179,6 +212,34 @@ def test_the_inverted_file_keeps_finding_homes_beyond_the_exact_search():
     assert 0 in index.candidates(homes[0].labels[:, ::3], 5, 60)
 
 
+def test_a_decisions_nodes_voted_at_once_vote_as_each_alone_and_as_the_plain_product():
+    """The retriever votes all of a decision's new nodes in one product (index on the left, a
+    single node padded to two) and keeps the votes as arrays: the votes and rankings are those
+    of one node at a time, of the product ``query @ index.T``, and of the dicts, to the bit."""
+    rng = np.random.default_rng(11)
+    index = NodeIndex(128)
+    shared = rng.integers(-3, 15, size=(20, 12))  # nodes many summaries hold: tied descriptors
+    for g in range(150):
+        own = rng.integers(-3, 15, size=(int(rng.integers(2, 8)), 12))
+        index.set_group(g, shared[rng.integers(0, 20, size=len(own))] if g % 2 else own)
+    query = np.concatenate([shared[:3], rng.integers(-3, 15, size=(9, 12))])
+    together = index.node_votes(query, 20)
+    assert together == [index.node_votes(row[None], 20)[0] for row in query]
+    rows = index._used
+    plain = _votes(node_descriptors(query, 128) @ index._desc[:rows].T, index._owner[:rows], 20)
+    assert together == plain
+    arrays = index.node_vote_arrays(query, 20)
+    assert [dict(zip(g.tolist(), w.tolist())) for g, w in arrays] == together
+    for part in (slice(None), slice(0, 1), slice(2, 8)):
+        for n in (1, 5, 40):
+            assert rank_vote_arrays(arrays[part], n) == rank_votes(together[part], n)
+    # Ties rank the lower group id first, either way.
+    tied = [{7: 0.5, 2: 0.25}, {2: 0.25, 9: 1.0}]
+    as_arrays = [(np.array(sorted(v)), np.array([v[g] for g in sorted(v)])) for v in tied]
+    assert rank_votes(tied, 3) == rank_vote_arrays(as_arrays, 3) == [9, 2, 7]
+    assert rank_vote_arrays([], 3) == [] and index.node_vote_arrays(query[:0], 20) == []
+
+
 def test_probing_every_list_finds_what_the_exact_search_finds_after_adds_and_removals():
     """The inverted lists are laid out in blocks and re-laid out as nodes come and go: with
     every list probed, the index must vote exactly as a search over all live nodes."""
@@ -209,3 +270,7 @@ def test_probing_every_list_finds_what_the_exact_search_finds_after_adds_and_rem
     # Each node sits in the list of its nearest centroid: one probe finds a group's own nodes.
     live = [g for g in range(80) if g in exact._rows]
     assert all(one_probe.candidates(groups[g], 1, 5) == [g] for g in live)
+    # The inverted file's votes as arrays are its dicts, to the bit.
+    query = rng.integers(-3, 15, size=(12, 12))
+    assert [dict(zip(g.tolist(), w.tolist())) for g, w in index.node_vote_arrays(query, 30)] == \
+        index.node_votes(query, 30)

@@ -100,6 +100,47 @@ def test_the_caches_retrieve_what_each_decision_computed_afresh_retrieves_and_re
 
 
 @pytest.mark.slow
+def test_the_fast_path_votes_keeps_and_retrieves_to_the_bit_what_the_reference_path_does(nav_memory):
+    """``retrieval.fast_path`` (one vote product per decision, one similarity product per
+    candidate, the lean GPT-2 forward, one BLAS thread) against the path before it: the same
+    node votes, the same kept groups and accepted matches, the same chunks with the same scores,
+    the same goal points, with and without the goal filter and the recognised map."""
+    from trajrag.memory.synthetic import perturb
+    from trajrag.topo.candidates import MapPlace
+
+    store, model_dir = nav_memory
+    walk = _stored_success(store)
+    (_, other) = _stored(store, 1)
+    moved, _, _ = perturb(walk, np.random.default_rng(6), theta=np.radians(30.0))
+    place = MapPlace(moved.node_xy, moved.sectors, moved.edges, moved.categories, moved.reference_yaw)
+    decisions = [[_prefix(moved, n), _prefix(moved, n + 1), _prefix(other, min(n, len(other)))]
+                 for n in range(1, min(len(moved), 8))]
+    for extra in ([], ["retrieval.goal_filter=true", "retrieval.project_goal=true"]):
+        reference = _retriever(store, model_dir, "retrieval.query_cache=0", "retrieval.fast_path=false",
+                               "retrieval.blas_threads=0", *extra)
+        fast = _retriever(store, model_dir, "retrieval.query_cache=0", *extra)
+        assert fast.cfg.fast_path and fast.cfg.blas_threads == 1
+        placed = 0  # decisions given goal points: the recognised map's path was taken
+        for candidates in decisions:
+            want, got = (r.retrieve(candidates, walk.goal, place) for r in (reference, fast))
+            assert [[(e.trajectory_id, e.group_id, e.coarse_score, e.similarity) for e in found]
+                    for found in got.experiences] == \
+                [[(e.trajectory_id, e.group_id, e.coarse_score, e.similarity) for e in found]
+                 for found in want.experiences]
+            if want.goal_points is not None:
+                assert np.array_equal(got.goal_points, want.goal_points)
+                placed += len(got.goal_points) > 0
+            for candidate in candidates:
+                q = fast._to_store_labels(candidate)
+                votes = [dict(zip(g.tolist(), w.tolist())) for g, w in fast._node_votes(q.sectors)]
+                assert votes == reference._node_votes(q.sectors)
+                goal = walk.goal if fast.cfg.goal_filter else None
+                (kept, accepted), (kept_ref, accepted_ref) = fast._coarse(q, goal), reference._coarse(q, goal)
+                assert list(kept.items()) == list(kept_ref.items()) and accepted == accepted_ref
+        assert placed > 0 or not extra
+
+
+@pytest.mark.slow
 def test_project_goal_finds_where_a_recognised_place_was_left_in_the_agents_frame(nav_memory):
     from trajrag.memory.synthetic import perturb
 

@@ -273,6 +273,6 @@ def test_the_serve_replay_splits_each_apps_latency_and_compares_it_with_the_unca
     requests = record_decisions(scenes, episodes, settings, at_least=4)
     result = serve_comparison(requests[:3], requests[3:4], settings)
     assert result["serve_requests"] == 3 and result["serve_speedup_p50"] > 0
-    for prefix, _ in SERVE_VARIANTS:  # caches off, the app as one deployment, as configured
+    for prefix, _ in SERVE_VARIANTS:  # the retriever as before, the app as two deployments, as configured
         assert result[f"{prefix}_ms_p50"] > result[f"{prefix}_retrieval_ms_p50"] > 0
         assert result[f"{prefix}_coarse_ms_p50"] > 0 and result[f"{prefix}_overhead_ms_p50"] > 0

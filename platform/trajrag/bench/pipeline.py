@@ -19,9 +19,9 @@
   (nearest-frontier walks of the benchmark episodes, up to ``serve_requests`` decisions), each
   once and in order (``serve_comparison``); split into the retriever's ``serve_coarse_ms_p50`` / ``_encode_ms_p50`` /
   ``_search_ms_p50`` and ``serve_overhead_ms_p50`` (hops, wire format, scoring). The same replay
-  on the app with the retriever's caches off gives ``serve_reference_*`` (the path before them)
-  and ``serve_speedup_p50``; with the retriever inside the Planner replicas (the app as one
-  deployment), ``serve_in_planner_*`` (``SERVE_VARIANTS``).
+  on the app with the retriever as before (caches off, ``retrieval.fast_path=false``) gives
+  ``serve_reference_*`` and ``serve_speedup_p50``; with a Retriever deployment apart from the
+  Planner, ``serve_two_deployments_*`` (``SERVE_VARIANTS``).
 
 Empty ``corpus_workers`` / ``eval_workers`` skip those runs (``--set
 pipeline_bench.corpus_workers=[] --set pipeline_bench.eval_workers=[]``: the Serve replay alone).
@@ -193,17 +193,21 @@ def latency_split(times: list[float], answers: list[dict], prefix: str = "serve"
 
 
 # The apps the replay compares (result key prefix, overrides after the bench's own): the
-# retriever without its caches, the app as one deployment, and the app as configured.
-SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0"]),
-                  ("serve_in_planner", ["eval_job.serve.retriever_in_planner=true"]),
+# retriever as before (no caches, no fast path), the app as two deployments (a Retriever apart
+# from the Planner), and the app as configured (one deployment by default).
+SERVE_VARIANTS = (("serve_reference", ["retrieval.query_cache=0", "retrieval.fast_path=false",
+                                       "retrieval.blas_threads=0"]),
+                  ("serve_two_deployments", ["eval_job.serve.retriever_in_planner=false"]),
                   ("serve", []))
 
 
 def serve_comparison(requests: list[dict], warmup: list[dict], settings: Settings) -> dict:
     """The Serve latency (``latency_split``) of the planner app as configured (``serve_*``) and,
-    in the same run, of the same app with ``retrieval.query_cache=0`` (``serve_reference_*``:
-    every decision computed afresh, the path before the caches) and with the retriever inside the
-    Planner replicas (``serve_in_planner_*``), plus what was replayed.
+    in the same run, of the same app with ``retrieval.query_cache=0``, ``fast_path=false`` and
+    ``blas_threads=0`` (``serve_reference_*``: every decision computed afresh, the path before
+    the caches and the fast path) and as two deployments (``serve_two_deployments_*``), plus what
+    was replayed. A variant whose settings make the same app as an earlier one is left out (its
+    keys with it): one app would answer the second call of each request from its caches.
 
     Every app runs at once and gets each request in turn (which goes first rotates), one request
     at a time, so all see the same load; each request once and in the recorded order (as an
@@ -218,13 +222,15 @@ def serve_comparison(requests: list[dict], warmup: list[dict], settings: Setting
     sizes = [len(json.dumps(r)) for r in requests]
     result = {"serve_requests": len(requests), "serve_candidates_mean": float(np.mean([len(r["candidates"]) for r in requests])),
               "serve_request_kb_mean": float(np.mean(sizes)) / 1024}
-    apps, ours = {}, []
+    apps, names, ours = {}, set(), []
     try:
         for prefix, extra in SERVE_VARIANTS:
             variant = settings.with_overrides(extra)
             app, deployed = deploy_planner_app(variant, job_config(variant.eval_job).serve)
-            apps[prefix] = serve.get_app_handle(app)
             ours += [app] if deployed else []
+            if app not in names:
+                names.add(app)
+                apps[prefix] = serve.get_app_handle(app)
         for request in warmup:
             for handle in apps.values():
                 handle.decide.remote(request).result()

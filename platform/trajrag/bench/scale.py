@@ -27,7 +27,8 @@
    ``LanceChunkSearch``, for candidate trajectories that are perturbed copies of group summaries.
    Steps 3-5 need ``scale_bench.lancedb`` (the IVF_PQ build takes minutes at 100k chunks).
 6. **Navigation** (``measure_navigation``): the decisions of real navigation episodes through
-   the retriever in memory (its default), with its caches and without (the reference path).
+   the retriever in memory (its default): as configured, the path before issue 49 item 6 (the
+   reference), without the caches, and in a fresh replica.
 
 Store bytes are the store folder's files on disk (every table, indexes included) after a
 compaction that keeps one version; ``bytes_per_chunk`` = store_bytes / chunks.
@@ -623,26 +624,52 @@ def _retriever_or_reason(store: Any, src: Source, groups: Groups, cfg: ScaleBenc
     return measure_retriever(store, src, groups, cfg.ann, cfg, settings, rng)
 
 
+def _compare(want: list, got: list, same: bool, max_diff: float) -> tuple[bool, float]:
+    """(``same`` and every candidate's chunks in the same order, the largest cosine difference
+    so far) of two retrievals of one decision."""
+    for wanted, found in zip(want, got, strict=True):
+        same &= [e.trajectory_id for e in wanted] == [e.trajectory_id for e in found]
+        max_diff = max([max_diff, *(abs(a.similarity - b.similarity) for a, b in zip(wanted, found))])
+    return same, max_diff
+
+
 def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, settings: Settings) -> dict:
     """Every decision of real navigation episodes (procedural val homes, the TrajRAG planner)
     retrieving from the scaled store with the retriever's default backend (exact, in memory):
     candidates as a navigator makes them, whose walked part repeats from one decision to the
     next, the issue's "per decision" figure.
 
-    The episodes are walked once, their decisions recorded; then replayed in order through the
-    retriever as configured (its caches emptied first) and, decision by decision in turn (which
-    goes first alternates), through one with ``retrieval.query_cache=0``
-    (``navigation_reference_*``: every decision computed afresh, the path before the caches), so
-    both see the same load. ``navigation_same_chunks``:
-    both retrieved the same chunks in the same order for every candidate;
-    ``navigation_max_similarity_diff``: the largest cosine difference (float32 rounding)."""
+    The episodes are walked once, their decisions recorded; then replayed in order, decision by
+    decision in turn (which goes first rotates, so all see the same load), through four
+    retrievers, their caches emptied first: as configured (``navigation_*``);
+    ``navigation_reference_*``, the path before issue 49 item 6 (``retrieval.query_cache=0``,
+    ``fast_path=false``: every decision computed afresh); ``navigation_uncached_*``, the
+    configured path without the caches (every decision afresh too: what the fast path alone
+    saves); and ``navigation_fresh_*``, as configured over an encoder loaded anew (a fresh
+    replica: its node encoder knows only the model folder's cache, so MiniLM embeds the node rows
+    never seen before, ``navigation_fresh_minilm_texts`` of them in all, goal names included; the
+    others share the encoder the recording walks warmed). Last and alone,
+    ``navigation_threaded_*``: the reference path with numpy's BLAS on the process's threads
+    (``blas_threads=0``, as the retriever ran before in a process of its own such as this one;
+    not in turn with the others, since OpenBLAS's threads spin a while after each product and
+    slow whatever runs next). ``navigation_same_chunks``: every one retrieved the reference's
+    chunks in the same order for every candidate; ``navigation_max_similarity_diff``: the largest
+    cosine difference (float32 rounding)."""
+    from trajrag.encoder.model import TrajectoryEncoder
+
     nav = settings.with_overrides(cfg.navigation_overrides, beneath=True)
     retrieval_cfg = replace(nav.retrieval, store=store.uri)
     memory_cfg = nav.memory
     start = time.perf_counter()
     retriever = Retriever(store, retrieval_cfg, memory_cfg, encoder=src.encoder)
     load_s = time.perf_counter() - start
-    reference = Retriever(store, replace(retrieval_cfg, query_cache=0), memory_cfg, encoder=src.encoder)
+    before = replace(retrieval_cfg, query_cache=0, fast_path=False)
+    variants = {
+        "reference_": Retriever(store, before, memory_cfg, encoder=src.encoder),
+        "uncached_": Retriever(store, replace(retrieval_cfg, query_cache=0), memory_cfg, encoder=src.encoder),
+        "": retriever,
+        "fresh_": Retriever(store, retrieval_cfg, memory_cfg,
+                            encoder=TrajectoryEncoder(src.encoder.folder, nav.encoder))}
     sim = GridSimulator(nav.sim)
     scenes = load_scenes(cfg.navigation_scenes, nav)
     episodes = load_episodes(cfg.navigation_episodes, scenes, nav)
@@ -661,24 +688,35 @@ def measure_navigation(store: Any, src: Source, cfg: ScaleBenchConfig, settings:
         run_episode(sim, agent, episode, by_name[episode.scene_key], cfg=nav.episodes)
     retriever.retrieve = retrieve
     retriever.clear_caches()
-    times: dict[str, dict[str, list[float]]] = {"": {}, "reference_": {}}
+    times: dict[str, dict[str, list[float]]] = {prefix: {} for prefix in [*variants, "threaded_"]}
     same, max_diff = True, 0.0
+
+    def timed(prefix: str, decision: tuple) -> Any:
+        result = variants[prefix].retrieve(*decision)
+        for part, ms in (("decision", result.total_ms), ("coarse", result.coarse_ms),
+                         ("encode", result.encode_ms), ("fine", result.fine_ms)):
+            times[prefix].setdefault(part, []).append(ms)
+        return result
+
+    order = list(variants)
+    answers = []  # the reference's experiences of each decision
     for i, decision in enumerate(recorded):
-        results = {}
-        turns = (("reference_", reference), ("", retriever))
-        for prefix, which in turns[::1 if i % 2 else -1]:
-            result = results[prefix] = which.retrieve(*decision)
-            for part, ms in (("decision", result.total_ms), ("coarse", result.coarse_ms),
-                             ("encode", result.encode_ms), ("fine", result.fine_ms)):
-                times[prefix].setdefault(part, []).append(ms)
-        for want, got in zip(results["reference_"].experiences, results[""].experiences):
-            same &= [e.trajectory_id for e in want] == [e.trajectory_id for e in got]
-            max_diff = max([max_diff, *(abs(a.similarity - b.similarity) for a, b in zip(want, got))])
+        results = {prefix: timed(prefix, decision) for prefix in order[i % len(order):] + order[:i % len(order)]}
+        answers.append(results["reference_"].experiences)
+        for result in results.values():
+            same, max_diff = _compare(answers[-1], result.experiences, same, max_diff)
     out = {"navigation_decisions": len(recorded),
            "navigation_candidates_mean": round(float(np.mean([len(d[0]) for d in recorded])), 2) if recorded else 0.0,
-           "navigation_retriever_load_s": round(load_s, 2), "navigation_same_chunks": bool(same),
-           "navigation_max_similarity_diff": float(max_diff),
+           "navigation_retriever_load_s": round(load_s, 2),
+           "navigation_fresh_minilm_texts": variants["fresh_"].encoder.node_encoder.misses,
            "navigation_cache_hit_rate": round(retriever.cache_hits / max(retriever.cache_hits + retriever.cache_misses, 1), 3)}
+    # Each retriever holds every chunk's embedding (~1.1 GB at 350k): only one from here.
+    variants.clear()
+    del retriever, retrieve, planner, agent
+    variants["threaded_"] = Retriever(store, replace(before, blas_threads=0), memory_cfg, encoder=src.encoder)
+    for decision, want in zip(recorded, answers):
+        same, max_diff = _compare(want, timed("threaded_", decision).experiences, same, max_diff)
+    out.update(navigation_same_chunks=bool(same), navigation_max_similarity_diff=float(max_diff))
     for prefix, parts in times.items():
         if not parts:
             continue

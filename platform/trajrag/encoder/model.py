@@ -109,9 +109,11 @@ class TrajectoryModel(nn.Module):
         self.node_mean.copy_(torch.as_tensor(np.asarray(mean, np.float32)))
         self.node_scale.copy_(torch.as_tensor(np.asarray(scale, np.float32)))
 
-    def forward(self, nodes: torch.Tensor, mask: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+    def forward(self, nodes: torch.Tensor, mask: torch.Tensor, goal: torch.Tensor,
+                lean: bool = False) -> torch.Tensor:
         """nodes: (B, L, node_dim) right-padded; mask: (B, L) bool, True on real nodes (each row
-        has at least one); goal: (B, node_dim). Returns z: (B, z_dim), unit rows."""
+        has at least one); goal: (B, node_dim). Returns z: (B, z_dim), unit rows. ``lean``: in
+        eval mode, GPT-2 through ``gpt2_hidden`` (the same bits, less overhead)."""
         x = self.inp((nodes - self.node_mean) / self.node_scale)
         b = len(x)
         rows = torch.arange(b, device=x.device)
@@ -120,13 +122,44 @@ class TrajectoryModel(nn.Module):
         x[rows, lengths] = self.end.to(x.dtype)
         full = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)
         full[rows, lengths] = True
-        hidden = self.gpt(inputs_embeds=x, attention_mask=full.long()).last_hidden_state
+        if lean and not self.training and lean_supported(self.gpt):
+            hidden = gpt2_hidden(self.gpt, x)
+        else:
+            hidden = self.gpt(inputs_embeds=x, attention_mask=full.long()).last_hidden_state
         h_end = hidden[rows, lengths]
         if self.pool_mean:
             weights = mask.to(hidden.dtype).unsqueeze(-1)
             h_end = h_end + (hidden[:, :-1] * weights).sum(1) / weights.sum(1)
         z = torch.cat([self.out(h_end), goal.to(h_end.dtype)], dim=-1)
         return nn.functional.normalize(z, dim=-1)
+
+
+def lean_supported(gpt: nn.Module) -> bool:
+    """Whether ``gpt2_hidden`` computes what transformers' ``GPT2Model`` computes for ``gpt``: it
+    calls torch's scaled-dot-product attention, as transformers' ``sdpa`` attention does, and
+    knows no cross-attention."""
+    return gpt.config._attn_implementation == "sdpa" and not gpt.config.add_cross_attention
+
+
+def gpt2_hidden(gpt: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``gpt(inputs_embeds=x, attention_mask=...).last_hidden_state`` of a GPT2Model in eval
+    mode at every real position of right-padded ``x`` (B, L, width), to the bit (tested),
+    without transformers' per-call machinery (mask building, output capture, keyword plumbing:
+    about half of a small decision's f_E time on CPU): the model's own layers and torch's causal
+    attention. Padding sits after every real position, so causal attention alone keeps it out of
+    them; the padded positions' own states differ from transformers' (finite, and never read:
+    pooling weighs them 0)."""
+    b, length, _ = x.shape
+    hidden = x + gpt.wpe.weight[:length]
+    for block in gpt.h:
+        attn = block.attn
+        q, k, v = attn.c_attn(block.ln_1(hidden)).split(attn.split_size, dim=2)
+        q, k, v = (t.view(b, length, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=attn.scaling,
+                                                         is_causal=True)
+        hidden = attn.c_proj(out.transpose(1, 2).reshape(b, length, -1).contiguous()) + hidden
+        hidden = hidden + block.mlp(block.ln_2(hidden))
+    return gpt.ln_f(hidden)
 
 
 def input_norm(node_emb: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -229,9 +262,10 @@ def pad_sequences(seqs: Sequence[np.ndarray], max_nodes: int) -> tuple[np.ndarra
 
 
 def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
-          batch_size: int) -> np.ndarray:
+          batch_size: int, lean: bool = True) -> np.ndarray:
     """z (N, z_dim) float32 for node-embedding sequences and goal embeddings (eval mode, no grad),
-    computed on the device the model is on."""
+    computed on the device the model is on; ``lean``: through ``gpt2_hidden`` (the same bits;
+    false: transformers' forward, the reference)."""
     model = unwrap(model)
     device = next(model.parameters()).device
     was_training = model.training
@@ -242,7 +276,8 @@ def embed(model: TrajectoryModel, seqs: Sequence[np.ndarray], goals: np.ndarray,
         for start in range(0, len(seqs), batch_size):
             nodes, mask = pad_sequences(seqs[start:start + batch_size], model.max_nodes)
             z = model(torch.from_numpy(nodes).to(device), torch.from_numpy(mask).to(device),
-                      torch.from_numpy(np.asarray(goals[start:start + batch_size], np.float32)).to(device))
+                      torch.from_numpy(np.asarray(goals[start:start + batch_size], np.float32)).to(device),
+                      lean=lean)
             out[start:start + len(z)] = z.float().cpu().numpy()
     if was_training:
         model.train()
@@ -404,13 +439,16 @@ class TrajectoryEncoder:
         self.node_encoder = node_encoder
 
     def encode_sectors(self, sequences: Sequence[np.ndarray], goals: Sequence[str],
-                       names: Mapping[int, str]) -> np.ndarray:
+                       names: Mapping[int, str], lean: bool = True) -> np.ndarray:
         """z (N, dim) for sector arrays (K_i, 12) whose category ids index ``names``."""
-        return self.encode_node_embeddings([self.node_encoder.encode_nodes(s, names) for s in sequences], goals)
+        return self.encode_node_embeddings([self.node_encoder.encode_nodes(s, names) for s in sequences],
+                                           goals, lean=lean)
 
-    def encode_node_embeddings(self, sequences: Sequence[np.ndarray], goals: Sequence[str]) -> np.ndarray:
-        """z (N, dim) for node-embedding sequences (K_i, node dim) of the node encoder and goal names."""
-        return embed(self.model, sequences, self.node_encoder.encode_goals(goals), self.batch_size)
+    def encode_node_embeddings(self, sequences: Sequence[np.ndarray], goals: Sequence[str],
+                               lean: bool = True) -> np.ndarray:
+        """z (N, dim) for node-embedding sequences (K_i, node dim) of the node encoder and goal
+        names (``lean``: see ``embed``)."""
+        return embed(self.model, sequences, self.node_encoder.encode_goals(goals), self.batch_size, lean=lean)
 
     def encode_trajectories(self, trajs: Sequence[Any]) -> np.ndarray:
         """z (N, dim) of ``TopoPolarTrajectory``-like objects (sectors, categories, goal)."""

@@ -35,10 +35,20 @@ embeddings h_k by sector row (the node encoder's own cache is keyed by the row's
 cost more to build than the embedding to look up). A cached embedding was computed in another
 batch than the reference path would compute it in, which moves cosines by float32 rounding
 (~1e-7) and nothing else: the same chunks come back in the same order (tested).
+
+**Fast path** (``fast_path``; issue 49 item 6). A decision's time on CPU went to many small
+products and their per-call overhead, not to arithmetic: the node votes of all the candidates'
+new nodes are one product over the node index (``_coarse_stages``), each candidate's sector
+similarities to all its voted groups one product (``_match_groups``), the votes stay arrays
+(``NodeIndex.node_vote_arrays``), and f_E runs GPT-2 without transformers' per-call machinery
+(``encoder.model.gpt2_hidden``); numpy's BLAS runs on ``blas_threads`` threads during a decision
+(OpenBLAS's default threads spin on busy cores). Every piece gives the same bits as the path
+before (``fast_path: false``, the benches' reference; tested piece by piece and whole).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
@@ -47,14 +57,15 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from trajrag.config import Settings
 from trajrag.encoder import EncoderError
 from trajrag.memory.forest import Places
 from trajrag.memory.forest_store import home_places
 from trajrag.memory.grouping import TrajectoryMemory
-from trajrag.memory.matching import N_SECTORS, match
-from trajrag.memory.prefilter import rank_votes
+from trajrag.memory.matching import N_SECTORS, match, match_similarity, sector_similarity_batch
+from trajrag.memory.prefilter import rank_vote_arrays, rank_votes
 from trajrag.memory.schema import CHUNKS
 from trajrag.memory.se2 import Transform2D
 from trajrag.memory.store import MemoryStore
@@ -93,6 +104,8 @@ class RetrievalConfig:
     home_goals: bool
     home_cell_m: float
     query_cache: int
+    fast_path: bool
+    blas_threads: int
 
 
 class ExactChunkSearch:
@@ -189,6 +202,8 @@ class Retriever:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
+        # numpy's BLAS threads are the process's: set for each decision only (``_blas_threads``).
+        self._blas = ThreadpoolController() if cfg.blas_threads > 0 else None
         self.encoder = encoder if encoder is not None else load_encoder(cfg.model_dir, encoder_cfg)
         self.representation = self.encoder.node_encoder.cfg.representation
         self._text_max_length = self.encoder.node_encoder.cfg.text_max_length  # fine: text
@@ -213,7 +228,7 @@ class Retriever:
     def clear_caches(self) -> None:
         """Forget the candidates, node embeddings (``query_cache``; see the module docstring) and
         node votes seen, and zero the hit counters."""
-        self._vote_cache: dict[bytes, dict[int, float]] = {}
+        self._vote_cache: dict[bytes, Any] = {}
         self._known = LruCache(self.cfg.query_cache)
         self._node_rows = LruCache(self.cfg.query_cache * 16)  # a candidate has up to max_nodes rows
         self._home_places: dict[str, Places] = {}
@@ -314,12 +329,22 @@ class Retriever:
         ``encode_ms`` and ``fine_ms`` (encoding included) split the decision's time."""
         if not candidates:
             return DecisionRetrieval([], self.names)
+        with self._blas_threads():
+            return self._retrieve(candidates, goal, place)
+
+    def _blas_threads(self) -> contextlib.AbstractContextManager:
+        """numpy's BLAS on ``blas_threads`` threads while it lasts (0: as the process has them)."""
+        if self._blas is None:
+            return contextlib.nullcontext()
+        return self._blas.limit(limits=self.cfg.blas_threads, user_api="blas")
+
+    def _retrieve(self, candidates: Sequence[Any], goal: str, place: Any) -> DecisionRetrieval:
         start = time.perf_counter()
         queries = [self._to_store_labels(c) for c in candidates]
         names = {**self.names, **self._query_names}
         # Goal-conditioned: only chunks that walked towards this goal, when the store has any.
         by_goal = self.cfg.goal_filter and goal in self.rows_of_goal
-        known = [self._coarse_stage(q, goal, by_goal) for q in queries]
+        known = self._coarse_stages(queries, goal, by_goal)
         places = [p for k in known for p in k.accepted]  # (score, group, query->group transform)
         if self.cfg.project_goal and place is not None and len(place) and self.rows_of_group:
             places.extend(self._recognise_goal_places(self._to_store_labels(place), goal))
@@ -354,10 +379,20 @@ class Retriever:
         places = self._home_places[scene]
         return places.xy[[goal in objects for objects in places.objects]].reshape(-1, 2)
 
-    def _coarse_stage(self, q: _Query, goal: str, by_goal: bool) -> _Known:
+    def _coarse_stages(self, queries: Sequence[_Query], goal: str, by_goal: bool) -> list[_Known]:
+        """Each candidate's ``_coarse_stage``, in order; with ``fast_path`` the node votes of all
+        the candidates not cached are computed first, in one product over the node index (a
+        node's votes do not depend on the nodes searched with it: ``NodeIndex._similarities``)."""
+        keys = [q.key(goal, by_goal) for q in queries]
+        if self.cfg.fast_path and self.cfg.coarse and self.rows_of_group:
+            todo = [q.sectors for q, key in zip(queries, keys) if key not in self._known]
+            if todo:
+                self._node_votes(np.concatenate(todo))
+        return [self._coarse_stage(q, key, goal, by_goal) for q, key in zip(queries, keys)]
+
+    def _coarse_stage(self, q: _Query, key: tuple, goal: str, by_goal: bool) -> _Known:
         """The candidate's kept groups, accepted matches and searchable rows (all rows: None),
-        from the cache when this query was seen with this goal before."""
-        key = q.key(goal, by_goal)
+        from the cache when this query (``key``: ``_Query.key``) was seen with this goal before."""
         known = self._known.get_recent(key)
         if known is not None:
             self.cache_hits += 1
@@ -402,7 +437,7 @@ class Retriever:
         ``goal_search_groups``, until the kept ones hold ``top_k`` chunks towards the goal (a
         group is one place, and most places were walked towards a few goals only)."""
         votes = self._node_votes(q.sectors)
-        voted = rank_votes(votes, self.cfg.prefilter_groups)
+        voted = self._rank_votes(votes, self.cfg.prefilter_groups)
         scored, accepted = [], []
         for rank, (gid, result) in enumerate(self._match_groups(q, voted)):
             scored.append((-float(result.score), -result.n_inliers, rank, gid))
@@ -413,7 +448,7 @@ class Retriever:
         if goal is None:
             return kept, accepted
         more = ranked[self.cfg.coarse_groups:] + [
-            (g, 0.0) for g in rank_votes(votes, self.cfg.goal_search_groups) if g not in voted]
+            (g, 0.0) for g in self._rank_votes(votes, self.cfg.goal_search_groups) if g not in voted]
         found = sum(len(self._group_rows(g, goal)) for g in kept)
         for gid, score in more:
             if found >= self.cfg.top_k:
@@ -429,15 +464,23 @@ class Retriever:
         holding = self.groups_finding.get(goal)
         if not holding:
             return []
-        votes = [{g: w for g, w in v.items() if g in holding} for v in self._node_votes(q.sectors)]
+        votes = self._votes_for(self._node_votes(q.sectors), holding)
         return [(float(r.score), gid, r.transform)
-                for gid, r in self._match_groups(q, rank_votes(votes, self.cfg.place_groups)) if r.accepted]
+                for gid, r in self._match_groups(q, self._rank_votes(votes, self.cfg.place_groups)) if r.accepted]
 
     def _match_groups(self, q: _Query, groups: Sequence[int]) -> list[tuple[int, Any]]:
         """``(group, MatchResult)`` of ``q`` against each group's summary, in order; RANSAC
-        seeded by the query, so a decision is reproducible."""
+        seeded by the query, so a decision is reproducible. With ``fast_path`` the sector
+        similarities to all the groups are one product (``sector_similarity_batch``, the same
+        bits as one ``match`` per group)."""
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(q.sectors.tobytes())])
-        return [(gid, match(q, self.memory.summaries[gid], self.memory.params, rng)) for gid in groups]
+        summaries = [self.memory.summaries[gid] for gid in groups]
+        params = self.memory.params
+        if not self.cfg.fast_path:
+            return [(gid, match(q, summary, params, rng)) for gid, summary in zip(groups, summaries)]
+        sims = sector_similarity_batch(q.sectors, [summary.sectors for summary in summaries])
+        return [(gid, match_similarity(q, summary, sim, params, rng))
+                for gid, summary, sim in zip(groups, summaries, sims)]
 
     def _group_rows(self, group: int, goal: str | None) -> np.ndarray:
         """Rows of a group's chunks (towards ``goal`` only, when given)."""
@@ -445,15 +488,32 @@ class Retriever:
             return self.rows_of_group.get(group, _NO_ROWS)
         return self.rows_of_group_goal.get((group, goal), _NO_ROWS)
 
-    def _node_votes(self, sectors: np.ndarray) -> list[dict[int, float]]:
+    def _votes_for(self, votes: list, groups: set[int]) -> list:
+        """``_node_votes``' votes for ``groups`` only."""
+        if not self.cfg.fast_path:
+            return [{g: w for g, w in v.items() if g in groups} for v in votes]
+        held = np.fromiter(groups, dtype=np.int64)
+        kept = [np.isin(g, held) for g, _ in votes]
+        return [(g[k], w[k]) for (g, w), k in zip(votes, kept)]
+
+    def _rank_votes(self, votes: list, n: int) -> list[int]:
+        """The ``n`` best-voted groups of ``_node_votes``' votes."""
+        return rank_vote_arrays(votes, n) if self.cfg.fast_path else rank_votes(votes, n)
+
+    def _node_votes(self, sectors: np.ndarray) -> list:
         """The prefilter's per-node group votes, cached by sector vector: the walked part of
-        every candidate, and of every later decision, repeats the same nodes."""
+        every candidate, and of every later decision, repeats the same nodes. As dicts
+        (``NodeIndex.node_votes``), or as arrays with ``fast_path`` (``node_vote_arrays``)."""
         keys = [row.tobytes() for row in sectors]
-        missing = [i for i, k in enumerate(keys) if k not in self._vote_cache]
+        missing: dict[bytes, int] = {}  # a new row -> where it first occurs
+        for i, key in enumerate(keys):
+            if key not in self._vote_cache:
+                missing.setdefault(key, i)
         if missing:
-            votes = self.memory.index.node_votes(sectors[missing], self.memory.cfg.prefilter_neighbours)
-            for i, v in zip(missing, votes):
-                self._vote_cache[keys[i]] = v
+            index = self.memory.index
+            find = index.node_vote_arrays if self.cfg.fast_path else index.node_votes
+            votes = find(sectors[list(missing.values())], self.memory.cfg.prefilter_neighbours)
+            self._vote_cache.update(zip(missing, votes))
         return [self._vote_cache[k] for k in keys]
 
     def _experience(self, row: int, similarity: float, coarse_score: float) -> Experience:
@@ -484,9 +544,10 @@ class Retriever:
 
     def _encode(self, sectors: Sequence[np.ndarray], goals: Sequence[str], names: dict[int, str]) -> np.ndarray:
         """z (N, D) of sector sequences in store labels (``names``: label id -> category)."""
+        lean = self.cfg.fast_path
         if self._node_rows.size <= 0:
-            return self.encoder.encode_sectors(list(sectors), list(goals), names)
-        return self.encoder.encode_node_embeddings(self._node_embeddings(sectors, names), list(goals))
+            return self.encoder.encode_sectors(list(sectors), list(goals), names, lean=lean)
+        return self.encoder.encode_node_embeddings(self._node_embeddings(sectors, names), list(goals), lean=lean)
 
     def _node_embeddings(self, sectors: Sequence[np.ndarray], names: dict[int, str]) -> list[np.ndarray]:
         """h_k (K_i, dim) of each sequence, by sector row: a label id always names the same
