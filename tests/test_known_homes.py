@@ -53,6 +53,13 @@ def test_revisit_walks_never_coincide_with_the_evaluated_episodes(homes):
     assert plan[homes[0].name][0].start_position != first_walk.start_position
 
 
+def test_a_home_without_evaluated_episodes_gets_no_walks(homes):
+    # an MP3D scan holding none of the goals has no episodes: it must not stop the benchmark
+    evaluated = generate_episodes(homes[:1], 2, config.load("episodes"), seed=0, motion=MOTION)
+    plan = plan_walks(homes, evaluated, 2, 4747, 1, config.load("episodes"), MOTION)
+    assert sorted(plan) == [homes[0].name]
+
+
 def test_revisit_walks_drawn_with_the_evaluated_seed_are_refused(homes):
     cfg = config.load("episodes")
     evaluated = generate_episodes(homes[:1], 2, cfg, seed=7, motion=MOTION)

@@ -177,7 +177,7 @@ def build_memories(known: KnownHomes, args: argparse.Namespace, runs: Sequence[A
                                "groups_per_home": _mean([s["groups"] for s in sizes.values()]),
                                "bytes_per_home": _mean([s["bytes"] for s in sizes.values()])}
     if args.global_questions:
-        known.report["global_questions"] = answer_global_questions(known.memories, scenes, args.settings)
+        known.report["global_questions"] = answer_global_questions(known.memories, [s for s in scenes if s.name in known.plan], args.settings)
 
 
 def _trajectory_encoder(model_dir: str, settings: Settings):

@@ -33,12 +33,14 @@ def coincides(walk: ObjectNavEpisode, evaluated: ObjectNavEpisode, scene: Scene)
 
 def plan_walks(scenes: Sequence[Scene], evaluated: Sequence[ObjectNavEpisode], walks: int, seed: int,
                spare_walks: int, episode_cfg: EpisodeConfig, motion: Motion) -> dict[str, list[ObjectNavEpisode]]:
-    """``walks`` earlier walks of each scene (scene name -> walks, reachable with ``motion``), none
-    coinciding with an episode of ``evaluated``; ``RevisitError`` names a home where fewer could be drawn."""
+    """``walks`` earlier walks of each scene with an evaluated episode (scene name -> walks,
+    reachable with ``motion``; a home nothing is evaluated in needs no memory), none coinciding
+    with an episode of ``evaluated``; ``RevisitError`` names a home where fewer could be drawn."""
     if walks < 1:
         raise RevisitError(f"revisit walks per home must be >= 1, got {walks}")
     plan = {}
-    for scene in scenes:
+    evaluated_homes = {e.scene_key for e in evaluated}
+    for scene in (s for s in scenes if s.name in evaluated_homes):
         taken = {start_key(e, scene) for e in evaluated if e.scene_key == scene.name}
         drawn = generate_scene_episodes(scene, walks + spare_walks, episode_cfg, seed, motion)
         kept = [w for w in drawn if start_key(w, scene) not in taken][:walks]
