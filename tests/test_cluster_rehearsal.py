@@ -44,7 +44,9 @@ VENV_BIN = Path(sys.executable).parent
 # images. The corpus walks keep configs/episodes.yaml's step budget: see EXTRA.
 TINY = ["sim.width=64", "sim.height=48", "mapping.pixel_stride=1"]
 SHORT_WALKS = ["episodes.max_steps=120"]
-CORPUS_SCENES, CORPUS_EPISODES = "procedural:train:4", 3
+# 8 walks a home: on quiet cores 3 were all collected before the first chunk reached the bucket,
+# so the node kill found no collector at work.
+CORPUS_SCENES, CORPUS_EPISODES = "procedural:train:4", 8
 # Each RayJob's options made tiny for this machine (same option names, same URIs).
 SIZES = {
     # One writer: the sharded writers' CPUs would not fit beside 2 collectors on 3 rehearsal CPUs.
