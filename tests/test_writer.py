@@ -58,7 +58,7 @@ def test_the_batched_insert_groups_to_the_bit_as_matching_each_candidate_alone(t
     actions = {d["action"] for d in want["decisions"]}
     assert {"new", "merge", "fuse"} <= actions and len(want["summaries"]) < 40  # groups grew, fused
     assert got == want
-    assert set(fast.seconds) >= {"prepare", "candidates", "similarity", "geometry", "update", "commit"}
+    assert set(fast.seconds) >= {"prepare", "candidates", "similarity", "pairs", "ransac", "update", "commit"}
 
 
 def _quality(store) -> tuple[float, float]:

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from trajrag.memory.matching import N_SECTORS, MatchResult
+from trajrag.memory.matching import N_SECTORS, MatchResult, closest_pairs
 from trajrag.memory.schema import utc_now
 from trajrag.topo.labels import UNKNOWN
 
@@ -73,11 +73,8 @@ def map_nodes(moved: np.ndarray, summary: Summary, result: MatchResult,
     group frame (metres). Inlier pairs first (the closest pair of each node), then the nearest
     summary node within ``merge_radius_m``."""
     mapping = np.full(len(moved), -1, dtype=np.int64)
-    best_d = np.full(len(moved), np.inf)
-    for i, j in result.pairs[result.inliers]:
-        d = float(np.linalg.norm(moved[i] - summary.node_xy[j]))
-        if d < best_d[i]:
-            mapping[i], best_d[i] = j, d
+    for i, j in closest_pairs(result.pairs[result.inliers], moved, summary.node_xy).items():
+        mapping[i] = j
     rest = np.where(mapping < 0)[0]
     if len(rest):
         d = np.linalg.norm(moved[rest, None, :] - summary.node_xy[None, :, :], axis=2)
