@@ -295,11 +295,21 @@ _RIGID_SLACK_M = 1e-6
 def could_be_accepted(pairs: np.ndarray, traj: SectorNodes, summary: SectorNodes,
                       traj_edges: set, summary_edges: set, params: MatchParams) -> bool:
     """Whether any pose could make a match of ``pairs`` accepted (False: rejected whatever
-    RANSAC finds). Two inliers of one rigid pose lie within the RANSAC threshold of their
-    partners each, so their distances agree: | |p - p'| - |q - q'| | < 2 * threshold. Hence
-    n inlier nodes need n nodes each with a pair that agrees so with n - 1 pairs of other
-    nodes, which bounds the inlier count and ratio; and an edge (a, b) of the trajectory is
-    supported only by agreeing pairs (a, u) and (b, v) with u == v or (u, v) a summary edge."""
+    RANSAC finds). ``pairs`` come ordered by trajectory node, as ``mutual_knn`` gives them.
+
+    An edge (a, b) of the trajectory is supported only by inlier pairs (a, u) and (b, v) with
+    u == v or (u, v) a summary edge; and two inliers of one rigid pose lie within the RANSAC
+    threshold of their partners each, so their distances agree: | |p - p'| - |q - q'| | < 2 *
+    threshold. Hence n inlier nodes need n nodes each with a pair that agrees so with n - 1
+    pairs of other nodes, which bounds the inlier count and ratio, and a supported edge needs
+    two such pairs that agree with each other. The first check (no distances) is the cheap one."""
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for k, (a, u) in enumerate(pairs.tolist()):
+        by_node.setdefault(a, []).append((k, u))
+    edge_pairs = [(k, m) for a, b in traj_edges for k, u in by_node.get(a, ()) for m, v in by_node.get(b, ())
+                  if u == v or (min(u, v), max(u, v)) in summary_edges]
+    if params.min_edge_support >= 1 and not edge_pairs:
+        return False
     i = pairs[:, 0]
     xy = np.asarray(traj.node_xy, dtype=np.float64)[i]
     p = xy[:, 0] + 1j * xy[:, 1]
@@ -307,24 +317,13 @@ def could_be_accepted(pairs: np.ndarray, traj: SectorNodes, summary: SectorNodes
     q = xy[:, 0] + 1j * xy[:, 1]
     agree = np.abs(np.abs(p[:, None] - p) - np.abs(q[:, None] - q)) < 2.0 * params.ransac_threshold_m + _RIGID_SLACK_M
     agree &= i[:, None] != i
-    # The largest n with n nodes whose best pair agrees with >= n - 1 pairs of other nodes
-    # (pairs come ordered by trajectory node, as ``mutual_knn`` gives them).
+    # The largest n with n nodes whose best pair agrees with >= n - 1 pairs of other nodes.
     starts = np.flatnonzero(np.concatenate([[True], i[1:] != i[:-1]]))
     ranked = np.sort(np.maximum.reduceat(agree.sum(axis=1), starts))[::-1]
     most_inliers = int((ranked >= np.arange(len(ranked))).sum())
     if most_inliers < params.min_inliers or most_inliers / len(ranked) < params.min_score:
         return False
-    if params.min_edge_support < 1:
-        return True
-    pair_of = {}
-    for k, (a, u) in enumerate(pairs.tolist()):
-        pair_of.setdefault(a, []).append((k, u))
-    for a, b in traj_edges:
-        for k, u in pair_of.get(a, ()):
-            for m, v in pair_of.get(b, ()):
-                if (u == v or (min(u, v), max(u, v)) in summary_edges) and (k == m or agree[k, m]):
-                    return True
-    return False
+    return params.min_edge_support < 1 or any(k == m or agree[k, m] for k, m in edge_pairs)
 
 
 def edge_set(edges: Any) -> set[tuple[int, int]]:
