@@ -40,6 +40,13 @@ With ``verifier.enabled`` (ours), step 2 accepts a candidate by a learned logist
 evidence at its pose (``matching.pose_evidence``; fitted by ``memory.verifier``) instead of by
 the inlier thresholds.
 
+With ``fast_path`` (issue 51) an insert decides the same to the bit for less work: the
+prefilter finds only the votes above zero (``NodeIndex(fast=True)``), a candidate that no pose
+could make accepted is rejected without its RANSAC (``matching.could_be_accepted``), and only
+the summary nodes a merge changed are described again for the prefilter; ``fast_path: false`` is
+the path before (``trajrag bench store`` times both in turn). ``blas_threads`` limits numpy's BLAS
+during a decision.
+
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
 nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory

@@ -319,7 +319,7 @@ class NodeIndex:
         """``_probed`` of every query node, laid out as ``_similarities`` pads them: each list's
         matrix-vector products (its trained block's, then its added rows') written into their
         place (``out=``: the same products as ``_probed``'s), and each node's groups gathered
-        once. The products read ~20 MB of descriptors an insert at 100k chunks: memory-bound."""
+        once. What is left is mostly the products' reading of every probed descriptor."""
         layout = {lst: self._list_layout(lst) for lst in {lst for lists in near for lst in lists}}
         width = max(sum(len(layout[lst][2]) for lst in lists) for lists in near)
         sim = np.full((len(near), width), -np.inf, dtype=np.float32)
@@ -376,10 +376,16 @@ def _ranked(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:
 def _best_votes(groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_top_votes``' arrays as flat (query node, group, vote) triples, ordered by node then
     group: each group's best vote from each node (float64), as ``_votes`` keeps them."""
+    return _best_of(*_cast_votes(groups, weights))
+
+
+def _cast_votes(groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_top_votes``' arrays as flat (query node, group, vote float64) triples, node by node,
+    without the neighbours that cast none (no group, or a vote of 0)."""
     rows = np.broadcast_to(np.arange(len(groups))[:, None], groups.shape).ravel()
     groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
     keep = (groups >= 0) & (weights > 0)
-    return _best_of(rows[keep], groups[keep], weights[keep])
+    return rows[keep], groups[keep], weights[keep]
 
 
 def _best_of(rows: np.ndarray, groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -394,8 +400,8 @@ def _best_of(rows: np.ndarray, groups: np.ndarray, weights: np.ndarray) -> tuple
 
 
 def _positive_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The votes of ``_top_votes`` that ``_best_votes`` keeps (group >= 0, vote > 0), as flat
-    (query node, group, vote float64) triples, to the bit, without finding the neighbours.
+    """``_cast_votes(*_top_votes(...))`` up to the triples' order, to the bit, without finding
+    the neighbours.
 
     A neighbour's vote is sqrt(s - max(s_next, 0)), s_next the row's (neighbours + 1)-th largest
     similarity, which is a value whichever tied nodes hold it. A vote is above zero exactly
@@ -406,12 +412,8 @@ def _positive_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tupl
     """
     total = sim.shape[1]
     m = min(neighbours, total)
-    if m == total or total == 0:
-        groups, weights = _top_votes(sim, owner, neighbours)
-        rows = np.broadcast_to(np.arange(len(sim))[:, None], groups.shape).ravel()
-        groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
-        keep = (groups >= 0) & (weights > 0)
-        return rows[keep], groups[keep], weights[keep]
+    if m == total:  # every node is a neighbour: nothing to find
+        return _cast_votes(*_top_votes(sim, owner, neighbours))
     # A sample of 1 in sqrt(total / (m + 1)) balances the two partitions' sizes.
     stride = int(math.sqrt(total / (m + 1)))
     sample = sim[:, ::stride] if stride > 1 else sim
