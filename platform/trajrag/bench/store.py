@@ -46,6 +46,7 @@ output records both.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import time
@@ -190,12 +191,13 @@ def _size(out: dict, name: str, paths: _Paths, work: "_Workload", size: int, tim
     out[f"groups_{name}"] = memory.n_groups
     out[f"chunks_{name}"] = memory.n_chunks
     out[f"summary_nodes_{name}"] = memory.index.n_nodes
-    if verbose:
+    if verbose:  # every figure of this size, so that a run cut short keeps the sizes it reached
         print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, p50 "
               f"{out[f'insert_ms_p50_{name}']} ms (before {out[f'reference_insert_ms_p50_{name}']}), "
               f"batched {out[f'batched_insert_ms_p50_{name}']} ms (before "
-              f"{out[f'reference_batched_insert_ms_p50_{name}']}), growth ms per trajectory by "
-              f"phase {out.get(f'profile_ms_per_traj_{name}')}", flush=True)
+              f"{out[f'reference_batched_insert_ms_p50_{name}']}); "
+              f"{json.dumps({k: v for k, v in out.items() if k.endswith(f'_{name}')}, sort_keys=True)}",
+              flush=True)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> dict:

@@ -416,16 +416,24 @@ def _positive_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tupl
         return _cast_votes(*_top_votes(sim, owner, neighbours))
     # A sample of 1 in sqrt(total / (m + 1)) balances the two partitions' sizes.
     stride = int(math.sqrt(total / (m + 1)))
-    sample = sim[:, ::stride] if stride > 1 else sim
-    floors = np.partition(sample, sample.shape[1] - m - 1, axis=1)[:, sample.shape[1] - m - 1]
-    if stride > 1:
-        for k, (row, low) in enumerate(zip(sim, floors)):
-            above = row[row >= low]  # holds the row's m + 1 largest, ties included
-            floors[k] = np.partition(above, len(above) - m - 1)[len(above) - m - 1]
-    base = np.maximum(floors, 0.0)[:, None]
-    rows, cols = np.nonzero(sim > base)
+    if stride < 2:
+        floors = np.partition(sim, total - m - 1, axis=1)[:, total - m - 1]
+        base = np.maximum(floors, 0.0)
+        rows, cols = np.nonzero(sim > base[:, None])
+    else:
+        sample = sim[:, ::stride]
+        lows = np.partition(sample, sample.shape[1] - m - 1, axis=1)[:, sample.shape[1] - m - 1]
+        base = np.empty(len(sim), dtype=sim.dtype)
+        voters = []
+        for k, (row, low) in enumerate(zip(sim, lows)):
+            near = np.flatnonzero(row >= low)  # holds the row's m + 1 largest, ties included
+            values = row[near]
+            base[k] = max(np.partition(values, len(near) - m - 1)[len(near) - m - 1], 0.0)
+            voters.append(near[values > base[k]])
+        rows = np.repeat(np.arange(len(sim)), [len(v) for v in voters])
+        cols = np.concatenate(voters)
     sims = sim[rows, cols]
-    weights = np.sqrt(np.maximum(sims - base[rows, 0], 0.0)).astype(np.float64)
+    weights = np.sqrt(np.maximum(sims - base[rows], 0.0)).astype(np.float64)
     groups = owner[cols] if owner.ndim == 1 else owner[rows, cols]
     keep = groups >= 0
     return rows[keep], groups[keep], weights[keep]
