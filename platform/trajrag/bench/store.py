@@ -119,7 +119,8 @@ def _percentiles(out: dict, key: str, name: str, times: dict[bool, dict[str, lis
         out[f"{prefix}{key}_ms_p50_{name}"] = round(float(np.percentile(wall, 50)), 3)
         out[f"{prefix}{key}_ms_p95_{name}"] = round(float(np.percentile(wall, 95)), 3)
         out[f"{prefix}{key}_cpu_ms_p50_{name}"] = round(float(np.percentile(cpu, 50)), 3)
-    out[f"speedup_{key}_p50_{name}"] = round(out[f"reference_{key}_ms_p50_{name}"] / out[f"{key}_ms_p50_{name}"], 3)
+    out[f"speedup_{key}_p50_{name}"] = round(
+        out[f"reference_{key}_ms_p50_{name}"] / out[f"{key}_ms_p50_{name}"], 3)
 
 
 def _per_traj(seconds: Counter, n: int) -> dict[str, float]:
@@ -177,15 +178,18 @@ def _size(out: dict, name: str, paths: _Paths, work: "_Workload", size: int, tim
             out[f"{prefix}profile_ms_per_traj_{name}"] = _per_traj(row["seconds"], row["n"])
     if all(grown[path]["n"] for path in paths.order):
         out[f"speedup_batch_insert_cpu_{name}"] = round(
-            out[f"reference_batch_insert_cpu_ms_per_traj_{name}"] / out[f"batch_insert_cpu_ms_per_traj_{name}"], 3)
+            out[f"reference_batch_insert_cpu_ms_per_traj_{name}"]
+            / out[f"batch_insert_cpu_ms_per_traj_{name}"], 3)
     out[f"fs_write_rename_ms_{name}"] = write_rename_ms(root)
     before = Counter(paths.seconds[paths.order[0]])
     single = paths.timed(work, timing_inserts, commit=True)
-    out[f"profile_single_insert_ms_{name}"] = _per_traj(paths.seconds[paths.order[0]] - before, timing_inserts)
+    out[f"profile_single_insert_ms_{name}"] = _per_traj(paths.seconds[paths.order[0]] - before,
+                                                         timing_inserts)
     batched = paths.timed(work, timing_inserts, commit=False)
     t0 = time.perf_counter()
     memory.flush()
-    out[f"batched_commit_ms_per_traj_{name}"] = round((time.perf_counter() - t0) * 1e3 / (2 * timing_inserts), 3)
+    out[f"batched_commit_ms_per_traj_{name}"] = round(
+        (time.perf_counter() - t0) * 1e3 / (2 * timing_inserts), 3)
     _percentiles(out, "insert", name, single, paths.order)
     _percentiles(out, "batched_insert", name, batched, paths.order)
     out[f"groups_{name}"] = memory.n_groups

@@ -315,8 +315,8 @@ def could_be_accepted(pairs: np.ndarray, traj: SectorNodes, summary: SectorNodes
     p = xy[:, 0] + 1j * xy[:, 1]
     xy = np.asarray(summary.node_xy, dtype=np.float64)[pairs[:, 1]]
     q = xy[:, 0] + 1j * xy[:, 1]
-    agree = np.abs(np.abs(p[:, None] - p) - np.abs(q[:, None] - q)) < 2.0 * params.ransac_threshold_m + _RIGID_SLACK_M
-    agree &= i[:, None] != i
+    reach = 2.0 * params.ransac_threshold_m + _RIGID_SLACK_M
+    agree = (np.abs(np.abs(p[:, None] - p) - np.abs(q[:, None] - q)) < reach) & (i[:, None] != i)
     # The largest n with n nodes whose best pair agrees with >= n - 1 pairs of other nodes.
     starts = np.flatnonzero(np.concatenate([[True], i[1:] != i[:-1]]))
     ranked = np.sort(np.maximum.reduceat(agree.sum(axis=1), starts))[::-1]
@@ -327,6 +327,7 @@ def could_be_accepted(pairs: np.ndarray, traj: SectorNodes, summary: SectorNodes
 
 
 def edge_set(edges: Any) -> set[tuple[int, int]]:
+    """Edges (an (E, 2) array or node pairs) as a set of (low, high) node pairs."""
     if isinstance(edges, (set, frozenset)):
         return {(min(a, b), max(a, b)) for a, b in edges}
     arr = np.asarray(edges, dtype=np.int64).reshape(-1, 2)

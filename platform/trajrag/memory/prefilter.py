@@ -388,7 +388,8 @@ def _cast_votes(groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np
     return rows[keep], groups[keep], weights[keep]
 
 
-def _best_of(rows: np.ndarray, groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _best_of(rows: np.ndarray, groups: np.ndarray,
+             weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Of (query node, group, vote) triples, each (node, group)'s best vote, ordered by node then
     group (the triples' order does not matter: equal keys give equal values)."""
     # The best vote of each (query node, group): sorted by node, group, vote descending.
@@ -399,7 +400,8 @@ def _best_of(rows: np.ndarray, groups: np.ndarray, weights: np.ndarray) -> tuple
     return rows[first], groups[first], weights[first]
 
 
-def _positive_votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _positive_votes(sim: np.ndarray, owner: np.ndarray,
+                    neighbours: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_cast_votes(*_top_votes(...))`` up to the triples' order, to the bit, without finding
     the neighbours.
 

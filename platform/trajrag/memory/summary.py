@@ -107,7 +107,8 @@ def fold_nodes(summary: Summary, node_map: np.ndarray, moved: np.ndarray, rotate
     for k in range(int(rank.max(initial=-1)) + 1):
         i = matched[rank == k]
         j, c, c_new = node_map[i], summary.node_count[node_map[i]], counts[i]
-        summary.node_xy[j] = (summary.node_xy[j] * c[:, None] + moved[i] * c_new[:, None]) / (c + c_new)[:, None]
+        summary.node_xy[j] = ((summary.node_xy[j] * c[:, None] + moved[i] * c_new[:, None])
+                              / (c + c_new)[:, None])
         summary.node_count[j] = c + c_new
         unknown = summary.sectors[j] == UNKNOWN
         summary.sectors[j] = np.where(unknown, rotated[i], summary.sectors[j])
