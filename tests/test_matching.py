@@ -12,9 +12,12 @@ from trajrag.config import load
 from trajrag.memory.matching import (
     EVIDENCE,
     VerifierConfig,
+    edge_set,
+    fit_pose,
     match,
     match_similarity,
     mutual_knn,
+    node_pairs,
     pose_evidence,
     rotate_sectors,
     sector_similarity,
@@ -24,12 +27,17 @@ from trajrag.memory.matching import (
 from trajrag.memory.prefilter import (
     IVFParams,
     NodeIndex,
+    _best_of,
+    _best_votes,
+    _positive_votes,
+    _top_votes,
     _votes,
     node_descriptors,
     rank_vote_arrays,
     rank_votes,
 )
 from trajrag.memory.se2 import Transform2D, ransac_se2
+from trajrag.memory.summary import Summary, fold_nodes
 from trajrag.memory.synthetic import perturb, sample_sectors, synthetic_scene, synthetic_trajectory
 from trajrag.topo.labels import FREE, UNKNOWN
 
@@ -274,3 +282,103 @@ def test_probing_every_list_finds_what_the_exact_search_finds_after_adds_and_rem
     query = rng.integers(-3, 15, size=(12, 12))
     assert [dict(zip(g.tolist(), w.tolist())) for g, w in index.node_vote_arrays(query, 30)] == \
         index.node_votes(query, 30)
+
+
+def _tied_index(ivf: IVFParams | None, rng: np.random.Generator) -> tuple[NodeIndex, np.ndarray]:
+    """An index whose groups share node sectors (``shared``: ties among the nearest), with
+    groups re-indexed larger and removed (dead rows, rows added to the inverted lists since)."""
+    index = NodeIndex(128, ivf)
+    shared = rng.integers(-3, 15, size=(20, 12))
+    for g in range(160):
+        own = rng.integers(-3, 15, size=(int(rng.integers(2, 9)), 12))
+        sectors = shared[rng.integers(0, 20, size=len(own))] if g % 2 else own
+        index.set_group(g, sectors)
+        if g % 9 == 4:
+            index.remove_group(g - 3)
+        if g % 7 == 5:
+            index.set_group(g, np.concatenate([sectors, shared[:2]]))
+    return index, shared
+
+
+@pytest.mark.parametrize("inverted_file", [False, True])
+def test_the_writers_fast_vote_finds_the_same_votes_and_candidates_to_the_bit(inverted_file):
+    """``NodeIndex(fast=True)``: the probes written into one matrix are ``_probed``'s products,
+    and the votes above zero found without ordering the neighbours are the votes the
+    neighbours cast, ties among the nearest nodes included."""
+    rng = np.random.default_rng(21)
+    ivf = IVFParams(min_nodes=300, lists_per_sqrt=2.0, probes=4, train_sample=4096,
+                    kmeans_iterations=3, seed=0) if inverted_file else None
+    index, shared = _tied_index(ivf, rng)
+    assert (index._centroids is not None and index._n_extra > 0) == inverted_file
+    for k in range(12):
+        query = rng.integers(-3, 15, size=(max(int(rng.integers(1, 14)), k % 4), 12))
+        query[: k % 4] = shared[: k % 4]  # nodes many groups hold
+        sim, owner = index._similarities(query)
+        packed = index._similarities(query, packed=True)
+        if inverted_file:  # the same matrix, bit for bit
+            assert np.array_equal(packed[0], sim) and np.array_equal(packed[1], owner)
+        for neighbours in (1, 5, 60, 10_000):
+            want = _best_votes(*_top_votes(sim, owner, neighbours))
+            got = _best_of(*_positive_votes(*packed, neighbours))
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+            index.fast = True
+            fast = index.candidates(query, 5, neighbours)
+            index.fast = False
+            assert fast == index.candidates(query, 5, neighbours)
+
+
+def test_a_group_reindexed_by_its_changed_nodes_is_described_as_anew():
+    rng = np.random.default_rng(4)
+    sectors = rng.integers(-3, 15, size=(12, 12))
+    grown = np.concatenate([sectors, rng.integers(-3, 15, size=(5, 12))])
+    changed = np.array([1, 6, 7])
+    grown[changed, :4] = 3
+    index, fresh = NodeIndex(128), NodeIndex(128)
+    index.set_group(7, sectors)
+    index.set_group(7, grown, changed)
+    fresh.set_group(7, grown)
+    assert np.array_equal(index._desc[index._rows[7]], fresh._desc[fresh._rows[7]])
+
+
+def test_ransac_is_skipped_only_where_no_pose_could_accept(params):
+    """``fit_pose(skip_hopeless=True)``: every match the thresholds accept is found as before
+    (score, pose, inliers, support), across walks of one home and of other homes."""
+    rng = np.random.default_rng(8)
+    homes = [synthetic_scene(rng, f"home{i}") for i in range(6)]
+    walks = [synthetic_trajectory(homes[i % 6], rng, f"w{i}") for i in range(36)]
+    skipped = accepted = 0
+    for strict in (params, replace(params, mutual_k=2, min_inliers=3)):
+        for a in walks[:18]:
+            for b in walks[18:]:
+                sim = sector_similarity_all(a.sectors, b.sectors)
+                S, pairs = node_pairs(sim, strict)
+                want = fit_pose(a, b, sim, S, pairs, strict, np.random.default_rng(0))
+                got = fit_pose(a, b, sim, S, pairs, strict, np.random.default_rng(0),
+                               edge_sets=(edge_set(a.edges), edge_set(b.edges)), skip_hopeless=True)
+                assert got.accepted == want.accepted
+                if want.accepted:
+                    assert (got.score, got.transform, got.edge_support) == (want.score, want.transform, want.edge_support)
+                    assert np.array_equal(got.inliers, want.inliers)
+                skipped += want.transform is not None and got.transform is None
+                accepted += want.accepted
+    assert skipped > 20 and accepted > 20  # RANSAC skipped, and matches of one home found
+
+
+def test_fold_nodes_folds_nodes_landing_on_one_summary_node_in_node_order():
+    rng = np.random.default_rng(2)
+    summary = Summary(0, rng.uniform(0, 5, (6, 2)), rng.integers(-3, 9, (6, 12)).astype(np.int16),
+                      rng.integers(1, 4, 6).astype(np.int32), {(0, 1)}, 0.0, 1, [], [])
+    node_map = np.array([2, -1, 2, 4, 2, -1, 4])
+    moved, rotated = rng.uniform(0, 5, (7, 2)), rng.integers(-3, 9, (7, 12)).astype(np.int16)
+    counts = rng.integers(1, 3, 7).astype(np.int32)
+    want = Summary(0, summary.node_xy.copy(), summary.sectors.copy(), summary.node_count.copy(),
+                   set(summary.edges), 0.0, 1, [], [])
+    for i in (0, 2, 3, 4, 6):  # one node at a time, in node order
+        j, c = node_map[i], want.node_count[node_map[i]]
+        want.node_xy[j] = (want.node_xy[j] * c + moved[i] * counts[i]) / (c + counts[i])
+        want.node_count[j] = c + counts[i]
+        unknown = want.sectors[j] == UNKNOWN
+        want.sectors[j, unknown] = rotated[i, unknown]
+    assert fold_nodes(summary, node_map.copy(), moved, rotated, counts, [(0, 1), (1, 2)]) == 2
+    assert np.array_equal(summary.node_xy[:6], want.node_xy) and np.array_equal(summary.sectors[:6], want.sectors)
+    assert np.array_equal(summary.node_count[:6], want.node_count) and summary.n_nodes == 8

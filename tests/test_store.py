@@ -16,7 +16,7 @@ import pytest
 
 from trajrag.config import load
 from trajrag.memory import grouping
-from trajrag.memory.grouping import TrajectoryMemory
+from trajrag.memory.grouping import PHASES, TrajectoryMemory
 from trajrag.memory.prepare import trajectory_key
 from trajrag.memory.matching import EVIDENCE
 from trajrag.memory.regroup import regroup
@@ -573,6 +573,12 @@ def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, ca
     result = json.loads(capsys.readouterr().out)
     for size in ("1k", "2k"):
         assert 0 < result[f"insert_ms_p50_{size}"] <= result[f"insert_ms_p95_{size}"]
+        # The path before (memory.fast_path: false) timed in the same run, and where time goes.
+        assert 0 < result[f"reference_insert_ms_p50_{size}"] <= result[f"reference_insert_ms_p95_{size}"]
+        assert result[f"speedup_batched_insert_p50_{size}"] > 0
+        assert set(result[f"profile_ms_per_traj_{size}"]) == set(PHASES)
+        single = result[f"profile_single_insert_ms_{size}"]
+        assert single["commit"] > 0 and single["candidates"] > 0 and single["ransac"] > 0
         assert result[f"fs_write_rename_ms_{size}"] > 0
         assert result[f"chunks_{size}"] > 0.9 * int(size[:-1]) * 1000
     assert 0 < result["bytes_per_chunk"] <= 4096  # the memory issue's size goal, no embedding

@@ -16,7 +16,7 @@ from scipy import ndimage
 
 from trajrag import config as config_mod
 from trajrag.topo import labels as L
-from trajrag.topo.describe import describe
+from trajrag.topo.describe import _TURNS, describe, node_headings, node_surroundings, quarter_index
 from trajrag.topo.sectors import sector_vectors
 from trajrag.topo.skeleton import junction_nodes
 from trajrag.topo.trajectory import (
@@ -307,6 +307,29 @@ def test_description_of_a_built_trajectory_mentions_the_nearby_object(cfg):
     assert sentence.startswith(f"Node {junction + 1}: ")
     assert "chair behind" in sentence  # facing south down the stem, the chair on the north wall is behind
     assert "turn right" in sentence  # east, then south: clockwise
+
+
+def test_description_says_of_every_node_what_it_says_of_that_node_alone():
+    """``describe`` finds every node's quarters and turns in one array each: each sentence is
+    still the one made node by node (``node_surroundings`` facing its heading, the turn from the
+    heading before), 1-node walks and zero-length legs included."""
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 9):
+        for _ in range(20):
+            xy = np.cumsum(rng.normal(0, 1.5, (n, 2)), axis=0)
+            if n > 2:
+                xy[2] = xy[1]
+            traj = TopoPolarTrajectory(xy, rng.integers(-3, 3, (n, 12)).astype(np.int16), ("chair", "bed", "sofa"),
+                                       "bed", float(rng.uniform(-4, 4)))
+            headings, previous, want = node_headings(traj), traj.reference_yaw, []
+            for k in range(n):
+                text = f"Node {k + 1}: {node_surroundings(traj, k, headings[k])}"
+                if k + 1 < n:
+                    turn = _TURNS[int(quarter_index(headings[k] - previous))]
+                    text += f"; {turn}, {float(np.linalg.norm(xy[k + 1] - xy[k])):.1f} m"
+                want.append(text)
+                previous = headings[k]
+            assert describe(traj).split(". ")[1:-1] == want
 
 
 # -- serialisation and input errors ------------------------------------------------------------------

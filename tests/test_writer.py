@@ -1,8 +1,11 @@
-"""The grouping writer's speed work: the fast insert path groups exactly as the per-candidate one."""
+"""The grouping writer's speed work: the fast insert path groups exactly as the per-candidate one
+and as the path before it (``memory.fast_path``)."""
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -58,7 +61,42 @@ def test_the_batched_insert_groups_to_the_bit_as_matching_each_candidate_alone(t
     actions = {d["action"] for d in want["decisions"]}
     assert {"new", "merge", "fuse"} <= actions and len(want["summaries"]) < 40  # groups grew, fused
     assert got == want
-    assert set(fast.seconds) >= {"prepare", "candidates", "similarity", "geometry", "update", "commit"}
+    assert set(fast.seconds) >= {"prepare", "candidates", "similarity", "pairs", "ransac", "update", "commit"}
+
+
+# The writer plan's decisions as the code before ``memory.fast_path`` (cc13053) made them.
+_PLAN_DECISIONS = Path(__file__).parent / "data" / "writer_plan_decisions.json"
+
+
+def _writer_plan(tmp_path, fast_path: bool) -> TrajectoryMemory:
+    """8 homes, 200 walks, grouped with more pairs per match (mutual_k 2: RANSAC draws), more
+    fusions (3 inliers) and an inverted file from 100 summary nodes (trained, trained again,
+    rows added to its lists and laid out again)."""
+    cfg = replace(load("memory"), batch_size=40, mutual_k=2, min_inliers=3, ivf_min_nodes=100,
+                  ivf_train_sample=2048, ivf_probes=6, fast_path=fast_path)
+    memory = TrajectoryMemory(str(tmp_path / f"plan-{fast_path}"), cfg)
+    memory.insert_many(_corpus(8, 200, seed=13))
+    return memory
+
+
+def _decided(memory: TrajectoryMemory) -> list:
+    """The decisions as the fixture keeps them (transforms to 9 decimals)."""
+    rows = memory.store.read(DECISIONS, ["seq", "trajectory_id", "action", "group_id", "other_id",
+                                         "transform"]).sort_by("seq").to_pylist()
+    return [[d["seq"], d["trajectory_id"], d["action"], d["group_id"], d["other_id"],
+             None if d["transform"] is None else [round(v, 9) for v in d["transform"]]] for d in rows]
+
+
+@pytest.mark.slow  # two memories of 200 walks: ~12 s at a load of 3
+def test_the_fast_path_groups_to_the_bit_as_the_path_before_and_as_the_code_before_it(tmp_path):
+    fast, before = _writer_plan(tmp_path, True), _writer_plan(tmp_path, False)
+    assert fast.index._centroids is not None  # the inverted file did the candidate search
+    got = _grouping(fast)
+    assert {"new", "merge", "fuse", "redundant"} <= {d["action"] for d in got["decisions"]}
+    # Every decision, chunk row and summary (positions, sectors, edges) to the bit.
+    assert got == _grouping(before)
+    # And the decisions, group ids and transforms the code before the fast path made.
+    assert _decided(fast) == json.loads(_PLAN_DECISIONS.read_text())["decisions"]
 
 
 def _quality(store) -> tuple[float, float]:

@@ -9,15 +9,24 @@ prefilter, matching, redundancy, merge or new group, commit. Scenes arrive with 
 scene per ``chunks_per_scene`` trajectories), as when a collector fleet covers more homes.
 
 The store is grown with ``insert_many`` (batched commits, as the corpus job's writer inserts) to
-each size (``batch_insert_cpu_ms_per_traj_*``: the process's CPU time per trajectory, which a
-shared machine's load does not inflate), then ``timing_inserts`` single ``insert`` calls are
-timed there, each one a full LanceDB commit (``insert_ms_*``), and as many inserts that join one
-batch committed after them
+each size, then ``timing_inserts`` single ``insert`` calls are timed there, each one a full
+LanceDB commit (``insert_ms_*``; ``insert_cpu_ms_*``: the process's CPU time, which other jobs'
+load does not inflate), and as many inserts that join one batch committed after them
 (``batched_insert_ms_*``: the writer's cost per trajectory, the batch's commit spread over it in
-``batched_commit_ms_per_traj_*``). ``profile_ms_per_traj_SIZE`` splits the growth to that size by
-the phases of ``memory.grouping.PHASES`` (ms per trajectory; ``describe`` is part of ``prepare``,
-and the rest of a trajectory's time is bookkeeping outside them). ``bytes_per_chunk`` is the
-chunks table's data bytes (LanceDB ``stats``) / rows after a compaction, embedding null.
+``batched_commit_ms_per_traj_*``).
+
+Before and after in one run (issue 51): the memory decides on its fast path
+(``memory.fast_path``, as configured) and on the path before (``fast_path: false``) in turn, one
+insert (one growth batch) each, on the same store: both group to the bit, so the store grows as
+either would grow it, and the machine's load falls on both alike. ``reference_*`` keys are the
+path before; ``speedup_*`` the ratio reference / configured. Growth: ``batch_insert_ms_per_traj_*``
+and ``batch_insert_cpu_ms_per_traj_*`` (wall and process CPU per trajectory), and
+``profile_ms_per_traj_SIZE``, the growth's ms per trajectory by the phases of
+``memory.grouping.PHASES`` (``describe`` is part of ``prepare``; the rest of a trajectory's time
+is bookkeeping outside them); ``profile_single_insert_ms_SIZE``, the same split of a single
+committed insert. ``summary_nodes_SIZE``: the nodes the prefilter searches (an inverted file from
+``memory.ivf_min_nodes``). ``bytes_per_chunk`` is the chunks table's data bytes (LanceDB
+``stats``) / rows after a compaction, embedding null.
 
 Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects, from the synthetic homes
 of ``memory/synthetic.py``.
@@ -29,17 +38,20 @@ write + rename in the store's folder just before each size's timing inserts (see
 tmpfs, without the disk.
 
 numpy's matrix products use every core by default; on a shared machine that makes the
-prefilter several times slower. Run with ``OPENBLAS_NUM_THREADS=1`` (as Ray workers do with
-``OMP_NUM_THREADS=1``) for per-worker numbers; the output records the setting.
+prefilter several times slower. The writer limits them to ``memory.blas_threads`` during a
+decision; ``OPENBLAS_NUM_THREADS=1`` (as Ray workers run) does so for the whole process. The
+output records both.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import time
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 
@@ -66,15 +78,54 @@ def _size_name(chunks: int) -> str:
     return f"{chunks // 1000}k" if chunks % 1000 == 0 else str(chunks)
 
 
-def _timed_inserts(memory, work: "_Workload", n: int, *, commit: bool) -> list[float]:
-    """ms of each of ``n`` inserts (each committed, or left pending for one later commit)."""
-    times = []
-    for _ in range(n):
-        traj = work.next()
-        t0 = time.perf_counter()
-        memory.insert(traj, commit=commit)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+class _Paths:
+    """Inserts on the configured path and on the path before, in turn, each path's phase
+    seconds (``TrajectoryMemory.seconds``) and times kept apart."""
+
+    def __init__(self, memory: TrajectoryMemory, fast: bool) -> None:
+        self.memory = memory
+        self.order = (fast, False)
+        self.seconds = {path: Counter() for path in self.order}
+
+    def run(self, path: bool, insert: Callable[[], object]) -> tuple[float, float]:
+        """(wall ms, process CPU ms) of ``insert()`` on ``path``; its phases go to ``path``'s."""
+        self.memory.set_fast_path(path)
+        before = Counter(self.memory.seconds)
+        wall, cpu = time.perf_counter(), time.process_time()
+        insert()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        self.seconds[path].update(self.memory.seconds - before)
+        return wall * 1e3, cpu * 1e3
+
+    def timed(self, work: "_Workload", n: int, *, commit: bool) -> dict[bool, dict[str, list[float]]]:
+        """``n`` inserts on each path, alternating (each committed, or left pending for one later
+        commit): per path, the ms of each."""
+        times = {path: {"wall": [], "cpu": []} for path in self.order}
+        for k in range(2 * n):
+            path = self.order[k % 2]
+            traj = work.next()
+            wall, cpu = self.run(path, lambda: self.memory.insert(traj, commit=commit))
+            times[path]["wall"].append(wall)
+            times[path]["cpu"].append(cpu)
+        return times
+
+
+def _percentiles(out: dict, key: str, name: str, times: dict[bool, dict[str, list[float]]],
+                 order: tuple[bool, bool]) -> None:
+    """``KEY_ms_p50_NAME``, ``_p95_`` (wall) and ``KEY_cpu_ms_p50_NAME`` of both paths (the
+    path before's prefixed ``reference_``), and ``speedup_KEY_p50_NAME``."""
+    for path, prefix in zip(order, ("", "reference_")):
+        wall, cpu = times[path]["wall"], times[path]["cpu"]
+        out[f"{prefix}{key}_ms_p50_{name}"] = round(float(np.percentile(wall, 50)), 3)
+        out[f"{prefix}{key}_ms_p95_{name}"] = round(float(np.percentile(wall, 95)), 3)
+        out[f"{prefix}{key}_cpu_ms_p50_{name}"] = round(float(np.percentile(cpu, 50)), 3)
+    out[f"speedup_{key}_p50_{name}"] = round(
+        out[f"reference_{key}_ms_p50_{name}"] / out[f"{key}_ms_p50_{name}"], 3)
+
+
+def _per_traj(seconds: Counter, n: int) -> dict[str, float]:
+    """Phase seconds over ``n`` trajectories as ms per trajectory."""
+    return {phase: round(seconds[phase] * 1e3 / max(n, 1), 3) for phase in PHASES}
 
 
 class _Workload:
@@ -95,6 +146,64 @@ class _Workload:
         return synthetic_trajectory(scene, self.rng, f"bench/{self.drawn:07d}")
 
 
+def _grow(paths: _Paths, work: "_Workload", target: int, batch_size: int) -> dict:
+    """Grow the memory to ``target`` chunks in batches of ``batch_size``, each path a batch in
+    turn; per path: trajectories, wall and CPU ms, phase seconds."""
+    grown = {path: {"n": 0, "wall": 0.0, "cpu": 0.0, "seconds": Counter()} for path in paths.order}
+    k = 0
+    while paths.memory.n_chunks < target:
+        path = paths.order[k % 2]
+        batch = [work.next() for _ in range(min(target - paths.memory.n_chunks, batch_size))]
+        before = Counter(paths.seconds[path])
+        wall, cpu = paths.run(path, lambda: paths.memory.insert_many(batch))
+        row = grown[path]
+        row["n"] += len(batch)
+        row["wall"] += wall
+        row["cpu"] += cpu
+        row["seconds"].update(paths.seconds[path] - before)
+        k += 1
+    return grown
+
+
+def _size(out: dict, name: str, paths: _Paths, work: "_Workload", size: int, timing_inserts: int,
+          batch_size: int, root: str, verbose: bool) -> None:
+    """Grow to ``size`` (less the timed inserts), then time single and batched inserts there."""
+    memory = paths.memory
+    grown = _grow(paths, work, size - 4 * timing_inserts, batch_size)
+    for path, prefix in zip(paths.order, ("", "reference_")):
+        row = grown[path]
+        if row["n"]:
+            out[f"{prefix}batch_insert_ms_per_traj_{name}"] = round(row["wall"] / row["n"], 3)
+            out[f"{prefix}batch_insert_cpu_ms_per_traj_{name}"] = round(row["cpu"] / row["n"], 3)
+            out[f"{prefix}profile_ms_per_traj_{name}"] = _per_traj(row["seconds"], row["n"])
+    if all(grown[path]["n"] for path in paths.order):
+        out[f"speedup_batch_insert_cpu_{name}"] = round(
+            out[f"reference_batch_insert_cpu_ms_per_traj_{name}"]
+            / out[f"batch_insert_cpu_ms_per_traj_{name}"], 3)
+    out[f"fs_write_rename_ms_{name}"] = write_rename_ms(root)
+    before = Counter(paths.seconds[paths.order[0]])
+    single = paths.timed(work, timing_inserts, commit=True)
+    out[f"profile_single_insert_ms_{name}"] = _per_traj(paths.seconds[paths.order[0]] - before,
+                                                         timing_inserts)
+    batched = paths.timed(work, timing_inserts, commit=False)
+    t0 = time.perf_counter()
+    memory.flush()
+    out[f"batched_commit_ms_per_traj_{name}"] = round(
+        (time.perf_counter() - t0) * 1e3 / (2 * timing_inserts), 3)
+    _percentiles(out, "insert", name, single, paths.order)
+    _percentiles(out, "batched_insert", name, batched, paths.order)
+    out[f"groups_{name}"] = memory.n_groups
+    out[f"chunks_{name}"] = memory.n_chunks
+    out[f"summary_nodes_{name}"] = memory.index.n_nodes
+    if verbose:  # every figure of this size, so that a run cut short keeps the sizes it reached
+        print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, p50 "
+              f"{out[f'insert_ms_p50_{name}']} ms (before {out[f'reference_insert_ms_p50_{name}']}), "
+              f"batched {out[f'batched_insert_ms_p50_{name}']} ms (before "
+              f"{out[f'reference_batched_insert_ms_p50_{name}']}); "
+              f"{json.dumps({k: v for k, v in out.items() if k.endswith(f'_{name}')}, sort_keys=True)}",
+              flush=True)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> dict:
     """Grow a store to each size, time single inserts there; returns the JSON-able results."""
     quick = bool(getattr(args, "quick", False))
@@ -108,50 +217,22 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     verbose = not getattr(args, "json", False)
     root = work_dir(args, "trajrag-bench-store-")
     out: dict = {"chunks_per_scene": _CHUNKS_PER_SCENE, "timing_inserts": timing_inserts,
-                 "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default")}
+                 "fast_path": cfg.fast_path, "blas_threads": cfg.blas_threads,
+                 "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+                 "load_average": round(os.getloadavg()[0], 2)}
     try:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
+        paths = _Paths(memory, cfg.fast_path)
         work = _Workload(cfg.seed, _CHUNKS_PER_SCENE)
         for name, size in sizes.items():
-            start, cpu, grown, before = time.perf_counter(), time.process_time(), 0, Counter(memory.seconds)
-            while memory.n_chunks < size - 2 * timing_inserts:
-                need = size - 2 * timing_inserts - memory.n_chunks
-                batch = [work.next() for _ in range(min(need, cfg.batch_size))]
-                grown += len(batch)
-                memory.insert_many(batch)
-            if grown:
-                out[f"batch_insert_ms_per_traj_{name}"] = round(
-                    (time.perf_counter() - start) * 1e3 / grown, 3)
-                out[f"batch_insert_cpu_ms_per_traj_{name}"] = round(
-                    (time.process_time() - cpu) * 1e3 / grown, 3)
-                out[f"profile_ms_per_traj_{name}"] = {
-                    phase: round((memory.seconds[phase] - before[phase]) * 1e3 / grown, 3)
-                    for phase in PHASES}
-            out[f"fs_write_rename_ms_{name}"] = write_rename_ms(root)
-            single = _timed_inserts(memory, work, timing_inserts, commit=True)
-            batched = _timed_inserts(memory, work, timing_inserts, commit=False)
-            t0 = time.perf_counter()
-            memory.flush()
-            out[f"insert_ms_p50_{name}"] = round(float(np.percentile(single, 50)), 3)
-            out[f"insert_ms_p95_{name}"] = round(float(np.percentile(single, 95)), 3)
-            out[f"batched_insert_ms_p50_{name}"] = round(float(np.percentile(batched, 50)), 3)
-            out[f"batched_insert_ms_p95_{name}"] = round(float(np.percentile(batched, 95)), 3)
-            out[f"batched_commit_ms_per_traj_{name}"] = round(
-                (time.perf_counter() - t0) * 1e3 / timing_inserts, 3)
-            out[f"groups_{name}"] = memory.n_groups
-            out[f"chunks_{name}"] = memory.n_chunks
-            if verbose:
-                print(f"[bench store] {name}: {memory.n_chunks} chunks, {memory.n_groups} groups, "
-                      f"p50 {out[f'insert_ms_p50_{name}']} ms, batched "
-                      f"{out[f'batched_insert_ms_p50_{name}']} ms, growth ms per trajectory by "
-                      f"phase {out.get(f'profile_ms_per_traj_{name}')}", flush=True)
+            _size(out, name, paths, work, size, timing_inserts, cfg.batch_size, root, verbose)
         memory.store.compact(cfg.keep_versions)
         stats = corpus_stats(memory.store)
         out.update({"bytes_per_chunk": round(stats["bytes_per_chunk"], 1),
                     "summary_bytes_per_chunk": round(stats["summary_bytes_per_chunk"], 1),
                     "purity": stats["purity"], "completeness": stats["completeness"],
                     "actions": stats["actions"], "chunks": stats["chunks"],
-                    "groups": stats["groups"]})
+                    "groups": stats["groups"], "load_average_end": round(os.getloadavg()[0], 2)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out

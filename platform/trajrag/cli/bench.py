@@ -44,9 +44,9 @@ tests).
   topo        navigator ms per step and topo-polar conversion (4 val homes x 2
               episodes); --quick: 1 home x 1 episode
   store       memory insert latency at 1k, 10k and 100k chunks (200 timed
-              inserts, each committed and batched) and where it goes;
-              --chunks N: up to N (e.g. 350000); --quick: 1k and 2k chunks, 50
-              inserts
+              inserts, each committed and batched, on memory.fast_path and on
+              the path before, in turn) and where it goes; --chunks N: up to
+              N (e.g. 350000); --quick: 1k and 2k chunks, 50 inserts
   mapping     per-step ms of the map stack on one core (500 steps);
               --quick: 60 steps
   encoder     Ray Train pairs/s with 1 and 2 workers (encoder.bench: trajectories,

@@ -40,6 +40,13 @@ With ``verifier.enabled`` (ours), step 2 accepts a candidate by a learned logist
 evidence at its pose (``matching.pose_evidence``; fitted by ``memory.verifier``) instead of by
 the inlier thresholds.
 
+With ``fast_path`` (issue 51) an insert decides the same to the bit for less work: the
+prefilter finds only the votes above zero (``NodeIndex(fast=True)``), a candidate that no pose
+could make accepted is rejected without its RANSAC (``matching.could_be_accepted``), and only
+the summary nodes a merge changed are described again for the prefilter; ``fast_path: false`` is
+the path before (``trajrag bench store`` times both in turn). ``blas_threads`` limits numpy's BLAS
+during a decision.
+
 Every decision (``new``, ``merge``, ``fuse``, ``fuse_refused``, ``redundant``, ``rejected``) is
 written to the decisions table; ``duplicate`` (an id already stored) is a no-op that writes
 nothing. ``insert_many`` commits ``batch_size`` trajectories per LanceDB commit; the in-memory
@@ -65,6 +72,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from trajrag.memory.matching import (
     N_SECTORS,
@@ -72,9 +80,11 @@ from trajrag.memory.matching import (
     MatchParams,
     MatchResult,
     VerifierConfig,
+    edge_set,
+    fit_pose,
     implied_shift,
     match,
-    match_similarity,
+    node_pairs,
     pose_evidence,
     rotate_sectors,
     sector_similarity_batch,
@@ -108,9 +118,12 @@ from trajrag.topo.trajectory import TopoPolarTrajectory
 # Store-wide label ids are int8 in the chunks table (compact storage).
 MAX_LABEL = 127
 # The phases of an insert that ``TrajectoryMemory.seconds`` times: validation and label mapping,
-# the chunk text L(T_tp), the prefilter's vote, Eq. 8 against the candidates, mutual KNN + RANSAC
-# + edge support per candidate, the decision's summary and index updates, the LanceDB commit.
-PHASES = ("prepare", "describe", "candidates", "similarity", "geometry", "update", "commit")
+# the chunk text L(T_tp) (within prepare), the prefilter's vote (the coarse candidate search),
+# Eq. 8's rotation-invariant sector similarity against the candidates, their mutual-KNN node
+# pairs, RANSAC SE(2) + edge support per candidate, the decision's summary and index updates,
+# the LanceDB writes of a commit, and the compaction every ``compact_every`` commits.
+PHASES = ("prepare", "describe", "candidates", "similarity", "pairs", "ransac", "update", "commit",
+          "compact")
 
 
 @dataclass
@@ -145,6 +158,8 @@ class MemoryConfig:
     compact_every: int
     keep_versions: int
     seed: int
+    fast_path: bool
+    blas_threads: int
 
     def ivf_params(self) -> IVFParams:
         return IVFParams(min_nodes=self.ivf_min_nodes, lists_per_sqrt=self.ivf_lists_per_sqrt,
@@ -231,6 +246,8 @@ class TrajectoryMemory:
         # Called with (prepared trajectory, group id, match) for every candidate an insert
         # matches, before it decides (``memory.verifier`` collects its training evidence so).
         self.on_match: Callable[[Prepared, int, MatchResult], None] | None = None
+        # numpy's BLAS threads are the process's: limited during each decision (``_blas_threads``).
+        self._blas = ThreadpoolController() if cfg.blas_threads > 0 else None
         self._reset_pending()
         self.reload()
 
@@ -254,7 +271,7 @@ class TrajectoryMemory:
         self._reset_pending()
         self._vocab = self.store.vocabulary()
         self.summaries: dict[int, Summary] = {}
-        self.index = NodeIndex(self.cfg.descriptor_dim, self.cfg.ivf_params())
+        self.index = NodeIndex(self.cfg.descriptor_dim, self.cfg.ivf_params(), fast=self.cfg.fast_path)
         for row in self.store.read_summaries(SUMMARY_COLUMNS).to_pylist():
             summary = summary_from_row(row)
             if not self.shard.holds(summary.group_id):
@@ -299,6 +316,12 @@ class TrajectoryMemory:
     def n_chunks(self) -> int:
         return len(self._chunk_ids)
 
+    def set_fast_path(self, on: bool) -> None:
+        """Decide the next inserts on the fast path (``memory.fast_path``) or the path before;
+        both group to the bit, so ``trajrag bench store`` times them on one memory in turn."""
+        self.cfg = replace(self.cfg, fast_path=on)
+        self.index.fast = on
+
     def group_members(self, group_id: int) -> list[str]:
         """Trajectory ids of the chunks in a group now (fused groups' chunks included)."""
         return [m.trajectory_id for members in self._members.get(group_id, {}).values() for m in members]
@@ -335,13 +358,16 @@ class TrajectoryMemory:
         # Per-trajectory seed: a re-insert after a crash repeats the same RANSAC draws.
         return _SeededDraws([self.cfg.seed, zlib.crc32(tid.encode())])
 
-    def match_group(self, prep: Prepared, group_id: int, sim_all: np.ndarray) -> MatchResult:
+    def match_group(self, prep: Prepared, group_id: int, sim_all: np.ndarray,
+                    paired: tuple[np.ndarray, np.ndarray] | None = None) -> MatchResult:
         """Match ``prep`` against one group given their sector similarities at every shift
-        (``matching.sector_similarity_batch``); with ``memory.verifier`` on, the verifier accepts."""
+        (``matching.sector_similarity_batch``) and optionally their ``matching.node_pairs``;
+        with ``memory.verifier`` on, the verifier accepts."""
         summary = self.summaries[group_id]
         verifier = self.cfg.verifier
         params = self.params if not verifier.enabled and self.on_match is None else self._floor_params
-        result = match_similarity(prep.geometry, summary, sim_all, params, self._rng(prep.trajectory_id))
+        result = fit_pose(prep.geometry, summary, sim_all, *(paired or node_pairs(sim_all, params)),
+                          params, self._rng(prep.trajectory_id))
         if params is self.params:
             return result
         if not verifier.enabled:
@@ -361,13 +387,34 @@ class TrajectoryMemory:
             groups = self.candidates(prep.geometry.sectors)
         with self._timed("similarity"):
             sims = sector_similarity_batch(prep.geometry.sectors, [self.summaries[g].sectors for g in groups])
-        with self._timed("geometry"):
-            found = [(gid, self.match_group(prep, gid, sim)) for gid, sim in zip(groups, sims)]
+        with self._timed("pairs"):
+            paired = [node_pairs(sim, self.params) for sim in sims]
+        with self._timed("ransac"):
+            if self.cfg.fast_path and self.on_match is None and not self.cfg.verifier.enabled:
+                found = self._match_fast(prep, groups, sims, paired)
+            else:
+                found = [(gid, self.match_group(prep, gid, sim, pair))
+                         for gid, sim, pair in zip(groups, sims, paired)]
         if self.on_match is not None:
             for gid, result in found:
                 self.on_match(prep, gid, result)
         found = [(gid, r) for gid, r in found if r.accepted]
         return sorted(found, key=lambda gr: (-gr[1].score, -gr[1].n_inliers, gr[0]))
+
+    def _match_fast(self, prep: Prepared, groups: list[int], sims: list[np.ndarray],
+                    paired: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, MatchResult]]:
+        """``match_group`` of each candidate with the thresholds (no verifier, no observer), the
+        trajectory's edges made a set once, and no RANSAC for a candidate no pose could make
+        accepted: the same accepted matches (a rejected one may lack its pose)."""
+        traj_edges = edge_set(prep.geometry.edges)
+        found = []
+        for gid, sim, (S, pairs) in zip(groups, sims, paired):
+            summary = self.summaries[gid]
+            # Each match draws from its own generator, seeded alike (as ``match_group``).
+            found.append((gid, fit_pose(prep.geometry, summary, sim, S, pairs, self.params,
+                                        self._rng(prep.trajectory_id),
+                                        edge_sets=(traj_edges, summary.edges), skip_hopeless=True)))
+        return found
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -418,6 +465,7 @@ class TrajectoryMemory:
         # Fuse into the summary: new nodes first, so that every trajectory node has an id.
         shift = implied_shift(T.theta, prep.reference_yaw, summary.reference_yaw)
         rotated = rotate_sectors(prep.geometry.sectors, shift)
+        before = summary.sectors.copy()
         n_new = fold_nodes(summary, mapping, moved, rotated, np.ones(len(mapping), np.int32),
                            prep.geometry.edges.tolist())
         if prep.scene_hint and prep.scene_hint not in summary.scene_hints:
@@ -438,7 +486,7 @@ class TrajectoryMemory:
                                   other_id=prep.trajectory_id,
                                   reason=f"node list is an ordered subsequence of {prep.trajectory_id}"))
         summary.n_members += 1 - len(superseded)
-        self.index.set_group(gid, summary.sectors)
+        self._reindex(summary, before)
         self._pending_groups.add(gid)
         self._pending.chunks.append(chunk_row(prep, gid, T, walk))
         self._chunk_ids.add(prep.trajectory_id)
@@ -447,6 +495,16 @@ class TrajectoryMemory:
             prep.trajectory_id, "merge", gid, result.score, T,
             reason=f"{result.n_inliers} of {len(result.pairs)} pairs consistent; {n_new} new nodes",
             superseded=[m.trajectory_id for m in superseded]))
+
+    def _reindex(self, summary: Summary, before: np.ndarray) -> None:
+        """The prefilter's index after nodes were folded into ``summary`` (``before``: its
+        sectors until then): with ``fast_path`` only the nodes whose sectors changed and the
+        new ones are described again."""
+        if not self.cfg.fast_path:
+            self.index.set_group(summary.group_id, summary.sectors)
+            return
+        changed = np.nonzero((summary.sectors[: len(before)] != before).any(axis=1))[0]
+        self.index.set_group(summary.group_id, summary.sectors, changed)
 
     def _fuse(self, gid: int, other: int, T: Transform2D, tid: str, score: float) -> None:
         """Fuse group ``other`` into ``gid`` (a trajectory matched both); T: other -> gid frame.
@@ -463,12 +521,13 @@ class TrajectoryMemory:
         nearest = d.argmin(axis=1)
         close = d[np.arange(len(moved)), nearest] <= self.cfg.merge_radius_m
         node_map = np.where(close, nearest, -1)
+        before = dst.sectors.copy()
         n_new = fold_nodes(dst, node_map, moved, rotated, src.node_count, src.edges)
         dst.n_members += src.n_members
         dst.scene_hints += [h for h in src.scene_hints if h not in dst.scene_hints]
         dst.goals += [g for g in src.goals if g not in dst.goals]
         self.index.remove_group(other)
-        self.index.set_group(gid, dst.sectors)
+        self._reindex(dst, before)
         for goal, members in self._members.pop(other, {}).items():
             for m in members:
                 self._add_member(gid, goal, m.trajectory_id,
@@ -482,8 +541,19 @@ class TrajectoryMemory:
         self._record(Decision(tid, "fuse", gid, score, T, other_id=str(other),
                               reason=f"group {other} fused into {gid} ({n_new} new nodes)"))
 
+    def _blas_threads(self) -> contextlib.AbstractContextManager:
+        """numpy's BLAS on ``blas_threads`` threads while it lasts (0: as the process has them)."""
+        if self._blas is None:
+            return contextlib.nullcontext()
+        return self._blas.limit(limits=self.cfg.blas_threads, user_api="blas")
+
     def _decide(self, traj: Any, trajectory_id: str | None, description: str | None,
                 policy: str | None) -> Decision:
+        with self._blas_threads():
+            return self._decide_one(traj, trajectory_id, description, policy)
+
+    def _decide_one(self, traj: Any, trajectory_id: str | None, description: str | None,
+                    policy: str | None) -> Decision:
         try:
             tid = str(trajectory_id) if trajectory_id is not None else trajectory_key(traj, policy)
         except ValueError as exc:
@@ -593,8 +663,9 @@ class TrajectoryMemory:
             except StoreError:
                 self.reload()
                 raise
-            self._commits += 1
-            if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
+        self._commits += 1
+        if self.cfg.compact_every > 0 and self._commits % self.cfg.compact_every == 0:
+            with self._timed("compact"):
                 self.store.compact(self.cfg.keep_versions)
 
     def categories(self) -> tuple[str, ...]:

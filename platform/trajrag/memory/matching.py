@@ -28,7 +28,9 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -87,7 +89,7 @@ class MatchResult:
     accepted: bool
     edge_support: int = 0
 
-    @property
+    @functools.cached_property
     def n_inliers(self) -> int:
         """Trajectory nodes with a consistent pair."""
         return int(len(np.unique(self.pairs[self.inliers, 0]))) if len(self.pairs) else 0
@@ -235,11 +237,33 @@ def match_similarity(traj: SectorNodes, summary: SectorNodes, sim_all: np.ndarra
     ``sector_similarity_batch`` when a trajectory meets several summaries). ``rng``: anything
     with a numpy Generator's ``integers``, drawn from only when there are more pairs of
     correspondences than ``ransac_iterations``."""
+    return fit_pose(traj, summary, sim_all, *node_pairs(sim_all, params), params, rng)
+
+
+def node_pairs(sim_all: np.ndarray, params: MatchParams) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 8's S (each pair's best similarity over the 12 shifts) and its mutual-KNN pairs
+    (``mutual_knn``), ordered by trajectory node: the pairs ``fit_pose`` fits."""
     S = sim_all.max(axis=0)
-    pairs = mutual_knn(S, params.mutual_k, params.min_node_similarity)
+    return S, mutual_knn(S, params.mutual_k, params.min_node_similarity)
+
+
+def fit_pose(traj: SectorNodes, summary: SectorNodes, sim_all: np.ndarray, S: np.ndarray,
+             pairs: np.ndarray, params: MatchParams, rng: Any, *,
+             edge_sets: tuple[set, set] | None = None, skip_hopeless: bool = False) -> MatchResult:
+    """The rest of ``match_similarity`` after ``node_pairs``: Eq. 9's RANSAC SE(2) over the
+    pairs, with the heading check, then the acceptance thresholds.
+
+    The writer's fast path: ``edge_sets``, the trajectory's and the summary's edges as sets of
+    (low, high) node pairs (made once per trajectory, and kept by a summary); ``skip_hopeless``
+    returns a match that no pose could make accepted (``could_be_accepted``) as rejected
+    without its RANSAC: the same accepted matches, but a rejected one may lack its pose."""
     empty = np.zeros(len(pairs), dtype=bool)
     if len(pairs) < max(2, params.min_inliers):
         return MatchResult(0.0, None, pairs, empty, False)
+    if skip_hopeless:
+        edge_sets = edge_sets or (edge_set(traj.edges), edge_set(summary.edges))
+        if not could_be_accepted(pairs, traj, summary, *edge_sets, params):
+            return MatchResult(0.0, None, pairs, empty, False)
     i, j = pairs[:, 0], pairs[:, 1]
     pair_ok = heading_checker(sim_all[:, i, j], S[i, j], float(traj.reference_yaw),
                               float(summary.reference_yaw), params.heading_slack)
@@ -256,14 +280,54 @@ def match_similarity(traj: SectorNodes, summary: SectorNodes, sim_all: np.ndarra
     # at most one can be right, and should not dilute the ratio k-fold.
     score = n_in / len(np.unique(i))
     T = Transform2D.from_rt(R, t)
-    support = edge_support(pairs[inliers], traj.edges, summary.edges,
-                           T.apply(np.asarray(traj.node_xy)), np.asarray(summary.node_xy))
+    support = edge_support(pairs[inliers], *(edge_sets or (traj.edges, summary.edges)),
+                           T.apply(np.asarray(traj.node_xy)), np.asarray(summary.node_xy),
+                           sets_given=edge_sets is not None)
     accepted = (n_in >= params.min_inliers and score >= params.min_score
                 and support >= params.min_edge_support)
     return MatchResult(float(score), T, pairs, inliers, accepted, support)
 
 
-def _edge_set(edges: Any) -> set[tuple[int, int]]:
+# Metres of rounding a rigid transform computed in float64 may add to a distance.
+_RIGID_SLACK_M = 1e-6
+
+
+def could_be_accepted(pairs: np.ndarray, traj: SectorNodes, summary: SectorNodes,
+                      traj_edges: set, summary_edges: set, params: MatchParams) -> bool:
+    """Whether any pose could make a match of ``pairs`` accepted (False: rejected whatever
+    RANSAC finds). ``pairs`` come ordered by trajectory node, as ``mutual_knn`` gives them.
+
+    An edge (a, b) of the trajectory is supported only by inlier pairs (a, u) and (b, v) with
+    u == v or (u, v) a summary edge; and two inliers of one rigid pose lie within the RANSAC
+    threshold of their partners each, so their distances agree: | |p - p'| - |q - q'| | < 2 *
+    threshold. Hence n inlier nodes need n nodes each with a pair that agrees so with n - 1
+    pairs of other nodes, which bounds the inlier count and ratio, and a supported edge needs
+    two such pairs that agree with each other. The first check (no distances) is the cheap one."""
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for k, (a, u) in enumerate(pairs.tolist()):
+        by_node.setdefault(a, []).append((k, u))
+    edge_pairs = [(k, m) for a, b in traj_edges for k, u in by_node.get(a, ()) for m, v in by_node.get(b, ())
+                  if u == v or (min(u, v), max(u, v)) in summary_edges]
+    if params.min_edge_support >= 1 and not edge_pairs:
+        return False
+    i = pairs[:, 0]
+    xy = np.asarray(traj.node_xy, dtype=np.float64)[i]
+    p = xy[:, 0] + 1j * xy[:, 1]
+    xy = np.asarray(summary.node_xy, dtype=np.float64)[pairs[:, 1]]
+    q = xy[:, 0] + 1j * xy[:, 1]
+    reach = 2.0 * params.ransac_threshold_m + _RIGID_SLACK_M
+    agree = (np.abs(np.abs(p[:, None] - p) - np.abs(q[:, None] - q)) < reach) & (i[:, None] != i)
+    # The largest n with n nodes whose best pair agrees with >= n - 1 pairs of other nodes.
+    starts = np.flatnonzero(np.concatenate([[True], i[1:] != i[:-1]]))
+    ranked = np.sort(np.maximum.reduceat(agree.sum(axis=1), starts))[::-1]
+    most_inliers = int((ranked >= np.arange(len(ranked))).sum())
+    if most_inliers < params.min_inliers or most_inliers / len(ranked) < params.min_score:
+        return False
+    return params.min_edge_support < 1 or any(k == m or agree[k, m] for k, m in edge_pairs)
+
+
+def edge_set(edges: Any) -> set[tuple[int, int]]:
+    """Edges (an (E, 2) array or node pairs) as a set of (low, high) node pairs."""
     if isinstance(edges, (set, frozenset)):
         return {(min(a, b), max(a, b)) for a, b in edges}
     arr = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
@@ -271,24 +335,37 @@ def _edge_set(edges: Any) -> set[tuple[int, int]]:
 
 
 def edge_support(inlier_pairs: np.ndarray, traj_edges: Any, summary_edges: Any,
-                 moved_xy: np.ndarray, summary_xy: np.ndarray) -> int:
+                 moved_xy: np.ndarray, summary_xy: np.ndarray, *, sets_given: bool = False) -> int:
     """Trajectory edges whose ends are inliers matched to one summary node or to the two ends of
     a summary edge. Each trajectory node takes its closest inlier pair (``moved_xy``: trajectory
-    nodes in the summary frame)."""
-    best: dict[int, tuple[float, int]] = {}
-    for i, j in np.asarray(inlier_pairs).tolist():
-        d = float(np.linalg.norm(moved_xy[i] - summary_xy[j]))
-        if i not in best or d < best[i][0]:
-            best[i] = (d, j)
+    nodes in the summary frame). ``sets_given``: both edge arguments are sets of (low, high)
+    pairs already."""
+    best = closest_pairs(inlier_pairs, moved_xy, summary_xy)
     if len(best) < 2:
         return 0
-    target = _edge_set(summary_edges)
+    target = summary_edges if sets_given else edge_set(summary_edges)
     support = 0
-    for a, b in _edge_set(traj_edges):
+    for a, b in (traj_edges if sets_given else edge_set(traj_edges)):
         if a in best and b in best:
-            u, v = best[a][1], best[b][1]
+            u, v = best[a], best[b]
             support += u == v or (min(u, v), max(u, v)) in target
     return support
+
+
+def closest_pairs(pairs: np.ndarray, moved_xy: np.ndarray, target_xy: np.ndarray) -> dict[int, int]:
+    """Each node i of ``pairs`` (i, j): the j of its pair closest to ``moved_xy[i]`` (the first
+    of equally close ones). A node with one pair takes it unmeasured."""
+    pairs = np.asarray(pairs).tolist()
+    several = {i for i, n in Counter(i for i, _ in pairs).items() if n > 1}
+    best: dict[int, tuple[float, int]] = {}
+    for i, j in pairs:
+        if i not in several:
+            best[i] = (0.0, j)
+            continue
+        d = float(np.linalg.norm(moved_xy[i] - target_xy[j]))
+        if i not in best or d < best[i][0]:
+            best[i] = (d, j)
+    return {i: j for i, (_, j) in best.items()}
 
 
 # -- learned verification of a pose --------------------------------------------------------------
@@ -355,8 +432,8 @@ def pose_evidence(traj: SectorNodes, summary: SectorNodes, result: MatchResult,
     to_summary = d.min(axis=0)
     # Trajectory edges whose two ends land, and those landing on one summary node or an edge.
     landed = np.where(lands, nearest, -1)
-    target = _edge_set(summary.edges)
-    ends = [(landed[u], landed[v]) for u, v in _edge_set(traj.edges) if landed[u] >= 0 and landed[v] >= 0]
+    target = edge_set(summary.edges)
+    ends = [(landed[u], landed[v]) for u, v in edge_set(traj.edges) if landed[u] >= 0 and landed[v] >= 0]
     evidence.update(overlap=int(lands.sum()),
                     agreeing=int((same.mean(axis=1) >= min_similarity).sum()),
                     category_agree=int((same & objects).sum()),

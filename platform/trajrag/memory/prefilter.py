@@ -6,7 +6,8 @@ of a new trajectory votes for the groups of its most similar summary nodes, and 
 best-voted groups are matched exactly (``matching.match``). The exact matching, the expensive
 part, therefore does not grow with the number of groups. The retriever's coarse stage votes the
 same way (``NodeIndex.node_votes``, ``rank_votes``; on its fast path as arrays, to the bit:
-``node_vote_arrays``, ``rank_vote_arrays``).
+``node_vote_arrays``, ``rank_vote_arrays``). The writer's fast path (``NodeIndex(fast=True)``,
+``memory.fast_path``) finds the same candidates with less work: see ``NodeIndex.candidates``.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ class NodeIndex:
     products). Nodes added since sit at the end, listed per inverted list in ``_extra``.
     """
 
-    def __init__(self, dim: int, ivf: IVFParams | None = None) -> None:
+    def __init__(self, dim: int, ivf: IVFParams | None = None, fast: bool = False) -> None:
         self.dim = dim
         self.ivf = ivf
+        self.fast = fast
         self._desc = np.zeros((1024, dim), dtype=np.float32)
         self._owner = np.full(1024, -1, dtype=np.int64)
         self._rows: dict[int, np.ndarray] = {}
@@ -103,6 +105,9 @@ class NodeIndex:
         self._bounds: list[int] = [0]
         self._extra: list[list[int]] = []
         self._extra_rows: list[np.ndarray] = []
+        # The fast path's view of each probed list (``_list_layout``), dropped when one of the
+        # rows added to it changes.
+        self._layouts: dict[int, tuple[int, int, np.ndarray, np.ndarray | None]] = {}
         self._list_of = np.full(1024, -1, dtype=np.int64)  # inverted list of each row (-1: none)
         self._trained_at = 0
 
@@ -118,20 +123,31 @@ class NodeIndex:
         """Rows added since the lists were laid out: all of them sit after the blocks."""
         return self._used - self._bounds[-1]
 
-    def set_group(self, group_id: int, sectors: np.ndarray) -> None:
-        """Index (or re-index) all nodes of a group."""
-        desc = node_descriptors(sectors, self.dim)
+    def set_group(self, group_id: int, sectors: np.ndarray, changed: np.ndarray | None = None) -> None:
+        """Index (or re-index) all nodes of a group. ``changed``: when the group is indexed
+        already and only grew, its nodes whose sectors changed since (node indices); only those
+        and the new nodes are described again (a node's descriptor is its own sectors')."""
         rows = self._rows.get(group_id)
-        if rows is not None and len(rows) <= len(desc):
-            extra = self._alloc(len(desc) - len(rows))
+        if changed is not None and rows is not None and len(rows) <= len(sectors):
+            redo = np.concatenate([np.asarray(changed, dtype=np.int64), np.arange(len(rows), len(sectors))])
+            desc = node_descriptors(np.asarray(sectors)[redo], self.dim)
+            extra = self._alloc(len(sectors) - len(rows))
             rows = np.concatenate([rows, extra])
+            written = rows[redo]
         else:
-            if rows is not None:
-                self.remove_group(group_id)
-            extra = rows = self._alloc(len(desc))
-        self._desc[rows] = desc
+            desc = node_descriptors(sectors, self.dim)
+            if rows is not None and len(rows) <= len(desc):
+                extra = self._alloc(len(desc) - len(rows))
+                rows = np.concatenate([rows, extra])
+            else:
+                if rows is not None:
+                    self.remove_group(group_id)
+                extra = rows = self._alloc(len(desc))
+            written = rows
+        self._desc[written] = desc
         self._owner[rows] = group_id
         self._rows[group_id] = rows
+        self._forget_layouts(written)
         if self._centroids is not None and len(extra):
             # Rows already indexed keep their list: filling UNKNOWN sectors moves them little.
             lists = (desc[-len(extra):] @ self._centroids.T).argmax(1)
@@ -148,9 +164,18 @@ class NodeIndex:
             return
         self._desc[rows] = 0.0
         self._owner[rows] = -1
+        self._forget_layouts(rows)
         self._dead += len(rows)
         if self._dead > max(1024, self._used // 4):
             self._repack()
+
+    def _forget_layouts(self, rows: np.ndarray) -> None:
+        """Drop the fast path's views of the lists that ``rows`` (changed) were added to."""
+        if not self._layouts:
+            return
+        added = rows[rows >= self._bounds[-1]]
+        for lst in np.unique(self._list_of[added]).tolist():
+            self._layouts.pop(lst, None)
 
     def _alloc(self, n: int) -> np.ndarray:
         if self._used + n > len(self._desc):
@@ -185,6 +210,7 @@ class NodeIndex:
             self._bounds = np.searchsorted(self._list_of[:n], np.arange(n_lists + 1)).tolist()
             self._extra = [[] for _ in range(n_lists)]
             self._extra_rows = [np.zeros(0, np.int64) for _ in range(n_lists)]
+        self._layouts = {}
         self._used, self._dead = n, 0
 
     def _maybe_train(self) -> None:
@@ -231,9 +257,17 @@ class NodeIndex:
         node votes for its group with sqrt(similarity - the query node's next-best similarity),
         so a node that looks like many others (a plain corridor) casts almost no vote while a
         distinctive one counts; a group takes its best vote from each query node.
+
+        With ``fast`` the same groups, to the bit, for less work: the inverted file's probes
+        are written into one matrix (the same matrix-vector products, no lists to join), and
+        only the votes above zero are found (``_positive_votes``), without ordering the
+        neighbours.
         """
         if not self._rows or len(sectors) == 0:
             return []
+        if self.fast:
+            rows, groups, weights = _positive_votes(*self._similarities(sectors, packed=True), neighbours)
+            return _top_summed(*_best_of(rows, groups, weights)[1:], n)
         return _ranked(*_top_votes(*self._similarities(sectors), neighbours), n)
 
     def node_votes(self, sectors: np.ndarray, neighbours: int) -> list[dict[int, float]]:
@@ -253,9 +287,11 @@ class NodeIndex:
         bounds = np.searchsorted(rows, np.arange(len(sectors) + 1))
         return [(groups[a:b], weights[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _similarities(self, sectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _similarities(self, sectors: np.ndarray, packed: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Query nodes x searched nodes: descriptor similarities (-inf: padding) and the searched
-        nodes' groups (-1: none), per column (exact search) or per entry (inverted file)."""
+        nodes' groups (-1: none), per column (exact search) or per entry (inverted file).
+        ``packed``: the inverted file's probes written straight into the matrix (the same
+        products, the same matrix)."""
         query = node_descriptors(sectors, self.dim)
         if self._centroids is None:
             # One matrix product, the index on the left: OpenBLAS streams it ~3x faster than
@@ -268,6 +304,8 @@ class NodeIndex:
             return sim, self._owner[: self._used]
         probes = min(self.ivf.probes, len(self._centroids))
         near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+        if packed:
+            return self._probed_matrix(query, near.tolist())
         probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
         # One (query nodes x longest) matrix: padding has no similarity and no group.
         width = max(len(sims) for sims, _ in probed)
@@ -276,6 +314,40 @@ class NodeIndex:
         for k, (sims, owners) in enumerate(probed):
             sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
         return sim, owner
+
+    def _probed_matrix(self, query: np.ndarray, near: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """``_probed`` of every query node, laid out as ``_similarities`` pads them: each list's
+        matrix-vector products (its trained block's, then its added rows') written into their
+        place (``out=``: the same products as ``_probed``'s), and each node's groups gathered
+        once. What is left is mostly the products' reading of every probed descriptor."""
+        layout = {lst: self._list_layout(lst) for lst in {lst for lists in near for lst in lists}}
+        width = max(sum(len(layout[lst][2]) for lst in lists) for lists in near)
+        sim = np.full((len(near), width), -np.inf, dtype=np.float32)
+        owner = np.full((len(near), width), -1, dtype=np.int64)
+        desc, dot = self._desc, np.dot
+        for q, lists, sim_row, owner_row in zip(query, near, sim, owner):
+            at = 0
+            for lst in lists:
+                lo, hi, rows, added = layout[lst]
+                dot(desc[lo:hi], q, out=sim_row[at: at + hi - lo])
+                if added is not None:
+                    dot(added, q, out=sim_row[at + hi - lo: at + len(rows)])
+                at += len(rows)
+            owner_row[:at] = self._owner[np.concatenate([layout[lst][2] for lst in lists])]
+        return sim, owner
+
+    def _list_layout(self, lst: int) -> tuple[int, int, np.ndarray, np.ndarray | None]:
+        """List ``lst`` as ``_probed`` reads it: its trained block [lo, hi), its rows (the block's,
+        then those added since) and the added rows' descriptors gathered as ``_probed`` gathers
+        them (None: none added); kept until the list or one of its added rows changes."""
+        added = self._extra[lst] if self._extra else []
+        layout = self._layouts.get(lst)
+        if layout is None or len(layout[2]) != layout[1] - layout[0] + len(added):
+            lo, hi = self._bounds[lst], self._bounds[lst + 1]
+            extra = np.asarray(added, dtype=np.int64)
+            layout = self._layouts[lst] = (lo, hi, np.concatenate([np.arange(lo, hi), extra]),
+                                           self._desc[extra] if len(extra) else None)
+        return layout
 
 
 def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:
@@ -304,16 +376,69 @@ def _ranked(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:
 def _best_votes(groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_top_votes``' arrays as flat (query node, group, vote) triples, ordered by node then
     group: each group's best vote from each node (float64), as ``_votes`` keeps them."""
+    return _best_of(*_cast_votes(groups, weights))
+
+
+def _cast_votes(groups: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_top_votes``' arrays as flat (query node, group, vote float64) triples, node by node,
+    without the neighbours that cast none (no group, or a vote of 0)."""
     rows = np.broadcast_to(np.arange(len(groups))[:, None], groups.shape).ravel()
     groups, weights = groups.ravel(), weights.ravel().astype(np.float64)
     keep = (groups >= 0) & (weights > 0)
-    rows, groups, weights = rows[keep], groups[keep], weights[keep]
+    return rows[keep], groups[keep], weights[keep]
+
+
+def _best_of(rows: np.ndarray, groups: np.ndarray,
+             weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of (query node, group, vote) triples, each (node, group)'s best vote, ordered by node then
+    group (the triples' order does not matter: equal keys give equal values)."""
     # The best vote of each (query node, group): sorted by node, group, vote descending.
     order = np.lexsort((-weights, groups, rows))
     rows, groups, weights = rows[order], groups[order], weights[order]
     first = np.ones(len(rows), dtype=bool)
     first[1:] = (rows[1:] != rows[:-1]) | (groups[1:] != groups[:-1])
     return rows[first], groups[first], weights[first]
+
+
+def _positive_votes(sim: np.ndarray, owner: np.ndarray,
+                    neighbours: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_cast_votes(*_top_votes(...))`` up to the triples' order, to the bit, without finding
+    the neighbours.
+
+    A neighbour's vote is sqrt(s - max(s_next, 0)), s_next the row's (neighbours + 1)-th largest
+    similarity, which is a value whichever tied nodes hold it. A vote is above zero exactly
+    when s > max(s_next, 0), and at most ``neighbours`` nodes are above s_next: so the voters
+    are the nodes above that floor, whichever of several tied nodes ``_top_votes``' partial
+    sort would have ranked first. The floor is found on a strided sample first (its
+    (neighbours + 1)-th largest bounds it from below), then among the nodes above that bound.
+    """
+    total = sim.shape[1]
+    m = min(neighbours, total)
+    if m == total:  # every node is a neighbour: nothing to find
+        return _cast_votes(*_top_votes(sim, owner, neighbours))
+    # A sample of 1 in sqrt(total / (m + 1)) balances the two partitions' sizes.
+    stride = int(math.sqrt(total / (m + 1)))
+    if stride < 2:
+        floors = np.partition(sim, total - m - 1, axis=1)[:, total - m - 1]
+        base = np.maximum(floors, 0.0)
+        rows, cols = np.nonzero(sim > base[:, None])
+    else:
+        sample = sim[:, ::stride]
+        lows = np.partition(sample, sample.shape[1] - m - 1, axis=1)[:, sample.shape[1] - m - 1]
+        base = np.empty(len(sim), dtype=sim.dtype)
+        voters = []
+        for k, (row, low) in enumerate(zip(sim, lows)):
+            near = np.flatnonzero(row >= low)  # holds the row's m + 1 largest, ties included
+            values = row[near]
+            base[k] = max(np.partition(values, len(near) - m - 1)[len(near) - m - 1], 0.0)
+            voters.append(near[values > base[k]])
+        rows = np.repeat(np.arange(len(sim)), [len(v) for v in voters])
+        cols = np.concatenate(voters)
+    sims = sim[rows, cols]
+    weights = np.sqrt(np.maximum(sims - base[rows], 0.0)).astype(np.float64)
+    groups = owner[cols] if owner.ndim == 1 else owner[rows, cols]
+    keep = groups >= 0
+    return rows[keep], groups[keep], weights[keep]
 
 
 def _top_summed(groups: np.ndarray, weights: np.ndarray, n: int) -> list[int]:

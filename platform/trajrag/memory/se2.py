@@ -112,9 +112,8 @@ def ransac_se2(
     P = np.asarray(P, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
     c = len(P)
-    identity = (np.eye(2), np.zeros(2), np.zeros(c, dtype=bool))
     if c < 2:
-        return identity
+        return _no_transform(c)
     n_all = c * (c - 1) // 2
     if n_all <= iterations:
         a, b = _all_pairs(c)
@@ -122,11 +121,11 @@ def ransac_se2(
         a = rng.integers(0, c, size=iterations)
         b = (a + rng.integers(1, c, size=iterations)) % c
     dp, dq = P[b] - P[a], Q[b] - Q[a]
-    len_p, len_q = np.linalg.norm(dp, axis=1), np.linalg.norm(dq, axis=1)
+    len_p, len_q = _row_norms(dp), _row_norms(dq)
     # A rigid map preserves distances: skip samples that cannot fit, and degenerate ones.
     valid = (np.abs(len_p - len_q) <= 2.0 * threshold_m) & (len_p > threshold_m)
     if not valid.any():
-        return identity
+        return _no_transform(c)
     a, b, dp, dq = a[valid], b[valid], dp[valid], dq[valid]
     thetas = np.arctan2(dq[:, 1], dq[:, 0]) - np.arctan2(dp[:, 1], dp[:, 0])
     cos, sin = np.cos(thetas), np.sin(thetas)
@@ -143,22 +142,34 @@ def ransac_se2(
     cost = np.where(inl, residual, threshold_m).sum(axis=1)
     best = int(np.lexsort((cost, -counts))[0])
     if counts[best] < 2:
-        return identity
+        return _no_transform(c)
     mask = inl[best]
     R = np.array([[cos[best], -sin[best]], [sin[best], cos[best]]])
     tt = t[best]
     delta = threshold_m / 2.0 if huber_delta_m is None else huber_delta_m
     for _ in range(refit_iterations):
-        res = np.linalg.norm(P[mask] @ R.T + tt - Q[mask], axis=1)
-        R_new, t_new = _procrustes(P[mask], Q[mask], _huber_weights(res, delta))
-        res_all = np.linalg.norm(P @ R_new.T + t_new - Q, axis=1)
+        P_in, Q_in = P[mask], Q[mask]
+        res = _row_norms(P_in @ R.T + tt - Q_in)
+        R_new, t_new = _procrustes(P_in, Q_in, _huber_weights(res, delta))
+        res_all = _row_norms(P @ R_new.T + t_new - Q)
         new_mask = res_all < threshold_m
         if pair_ok is not None:
             new_mask &= pair_ok(np.array([math.atan2(R_new[1, 0], R_new[0, 0])]))[0]
         if new_mask.sum() < 2:
             break
         R, tt = R_new, t_new
-        if np.array_equal(new_mask, mask):
+        if (new_mask == mask).all():
             break
         mask = new_mask
     return R, tt, mask
+
+
+def _no_transform(c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ransac_se2``'s answer when no transform fits ``c`` correspondences."""
+    return np.eye(2), np.zeros(2), np.zeros(c, dtype=bool)
+
+
+def _row_norms(xy: np.ndarray) -> np.ndarray:
+    """``np.linalg.norm(xy, axis=1)`` of a real array, to the bit (its own arithmetic:
+    sqrt(add.reduce(x * x)) along the rows), without its argument checks."""
+    return np.sqrt(np.add.reduce(xy * xy, axis=1))

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from trajrag.memory.matching import N_SECTORS, MatchResult
+from trajrag.memory.matching import N_SECTORS, MatchResult, closest_pairs
 from trajrag.memory.schema import utc_now
 from trajrag.topo.labels import UNKNOWN
 
@@ -73,11 +73,8 @@ def map_nodes(moved: np.ndarray, summary: Summary, result: MatchResult,
     group frame (metres). Inlier pairs first (the closest pair of each node), then the nearest
     summary node within ``merge_radius_m``."""
     mapping = np.full(len(moved), -1, dtype=np.int64)
-    best_d = np.full(len(moved), np.inf)
-    for i, j in result.pairs[result.inliers]:
-        d = float(np.linalg.norm(moved[i] - summary.node_xy[j]))
-        if d < best_d[i]:
-            mapping[i], best_d[i] = j, d
+    for i, j in closest_pairs(result.pairs[result.inliers], moved, summary.node_xy).items():
+        mapping[i] = j
     rest = np.where(mapping < 0)[0]
     if len(rest):
         d = np.linalg.norm(moved[rest, None, :] - summary.node_xy[None, :, :], axis=2)
@@ -98,12 +95,23 @@ def fold_nodes(summary: Summary, node_map: np.ndarray, moved: np.ndarray, rotate
     ``edges``: node index pairs, added between their summary nodes."""
     new = np.where(node_map < 0)[0]
     node_map[new] = summary.n_nodes + np.arange(len(new))
-    for i in np.setdiff1d(np.arange(len(node_map)), new):
+    matched = np.where(node_map < summary.n_nodes)[0]
+    # Nodes landing on one summary node fold in node order: the k-th of each in round k (the
+    # arithmetic of one node at a time, a round of distinct summary nodes at once).
+    targets = node_map[matched]
+    order = np.argsort(targets, kind="stable")
+    sorted_targets = targets[order]
+    first = np.searchsorted(sorted_targets, sorted_targets)
+    rank = np.empty(len(matched), dtype=np.int64)
+    rank[order] = np.arange(len(matched)) - first
+    for k in range(int(rank.max(initial=-1)) + 1):
+        i = matched[rank == k]
         j, c, c_new = node_map[i], summary.node_count[node_map[i]], counts[i]
-        summary.node_xy[j] = (summary.node_xy[j] * c + moved[i] * c_new) / (c + c_new)
+        summary.node_xy[j] = ((summary.node_xy[j] * c[:, None] + moved[i] * c_new[:, None])
+                              / (c + c_new)[:, None])
         summary.node_count[j] = c + c_new
         unknown = summary.sectors[j] == UNKNOWN
-        summary.sectors[j, unknown] = rotated[i, unknown]
+        summary.sectors[j] = np.where(unknown, rotated[i], summary.sectors[j])
     summary.node_xy = np.concatenate([summary.node_xy, moved[new]])
     summary.sectors = np.concatenate([summary.sectors, rotated[new]])
     summary.node_count = np.concatenate([summary.node_count, counts[new]])

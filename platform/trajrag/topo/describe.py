@@ -59,44 +59,59 @@ def sector_angles(traj: TopoPolarTrajectory) -> np.ndarray:
     return traj.reference_yaw + math.pi / 2 + np.arange(n) * (2 * math.pi / n)
 
 
-def _quarter_phrase(labels: np.ndarray, categories: tuple[str, ...]) -> str:
+def _quarter_phrase(labels: np.ndarray | list[int], categories: tuple[str, ...]) -> str:
     """Objects hit in this quarter (in ray order), else open / wall / unexplored, in that priority."""
+    labels = labels.tolist() if isinstance(labels, np.ndarray) else labels
     objects = [categories[c].replace("_", " ") for c in labels if c >= 0]
     if objects:
         return " and ".join(dict.fromkeys(objects))
     for code in (FREE, OBSTACLE, UNKNOWN):  # one free ray makes a way through: "open"
-        if (labels == code).any():
+        if code in labels:
             return _PLAIN[code]
-    raise ValueError(f"sector labels {labels.tolist()} hold no known code")
+    raise ValueError(f"sector labels {labels} hold no known code")
 
 
 def node_surroundings(traj: TopoPolarTrajectory, k: int, heading: float) -> str:
     """"bed on the left, open ahead, ..." for node ``k`` seen facing ``heading`` (radians)."""
-    quarters = quarter_index(sector_angles(traj) - heading)
+    return _surroundings(traj.sectors[k], quarter_index(sector_angles(traj) - heading), traj.categories)
+
+
+def _surroundings(labels: np.ndarray | list[int], quarters: np.ndarray | list[int],
+                  categories: tuple[str, ...]) -> str:
+    """``node_surroundings`` of one node's sector ``labels`` given each sector's quarter."""
+    labels = labels.tolist() if isinstance(labels, np.ndarray) else labels
+    quarters = quarters.tolist() if isinstance(quarters, np.ndarray) else quarters
+    in_quarter: tuple[list[int], ...] = ([], [], [], [])
+    for label, at in zip(labels, quarters):
+        in_quarter[at].append(label)
     parts = []
     for q in (0, 1, 3, 2):  # ahead, left, right, behind
-        labels = traj.sectors[k][quarters == q]
-        if len(labels) == 0:
+        seen = in_quarter[q]
+        if not seen:
             continue
-        if QUARTERS[q] == "behind" and not (labels >= 0).any():
+        if QUARTERS[q] == "behind" and not any(label >= 0 for label in seen):
             continue
-        parts.append(_PHRASE[QUARTERS[q]].format(_quarter_phrase(labels, traj.categories)))
+        parts.append(_PHRASE[QUARTERS[q]].format(_quarter_phrase(seen, categories)))
     return ", ".join(parts)
 
 
 def describe(traj: TopoPolarTrajectory) -> str:
-    """L(T_tp): a compact description, one sentence per node (distances in metres, one decimal)."""
+    """L(T_tp): a compact description, one sentence per node (distances in metres, one decimal).
+
+    The quarters of every node's sectors and every turn are found in one array each (the same
+    element-wise arithmetic as ``node_surroundings`` node by node, so the same text)."""
     headings = node_headings(traj)
+    quarters = quarter_index(sector_angles(traj)[None, :] - headings[:, None])
+    previous = np.concatenate([[traj.reference_yaw], headings[:-1]])
+    turns = quarter_index(headings - previous)
     goal = traj.goal.replace("_", " ")
     sentences = [f"Goal: {goal}."]
-    previous = traj.reference_yaw
+    sectors, quarters = np.asarray(traj.sectors).tolist(), quarters.tolist()
     for k in range(len(traj)):
-        text = f"Node {k + 1}: {node_surroundings(traj, k, headings[k])}"
+        text = f"Node {k + 1}: {_surroundings(sectors[k], quarters[k], traj.categories)}"
         if k + 1 < len(traj):
-            turn = _TURNS[int(quarter_index(headings[k] - previous))]
             dist = float(np.linalg.norm(traj.node_xy[k + 1] - traj.node_xy[k]))
-            text += f"; {turn}, {dist:.1f} m"
+            text += f"; {_TURNS[int(turns[k])]}, {dist:.1f} m"
         sentences.append(text + ".")
-        previous = headings[k]
     sentences.append(f"{goal.capitalize()} reached." if traj.success else f"{goal.capitalize()} not reached.")
     return " ".join(sentences)
