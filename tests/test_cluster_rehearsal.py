@@ -86,17 +86,28 @@ sys.exit(main())
 """
 
 
+# Ports handed out by this module (a port drawn but not yet bound is still free to the OS).
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _free_range(width: int) -> int:
-    """The first port of ``width`` consecutive free ports (Ray's worker port range)."""
+    """The first port of ``width`` consecutive free ports, none handed out before."""
     for _ in range(200):
         start = _free_port()
-        if start + width < 65000 and all(_port_free(p) for p in range(start, start + width)):
+        block = range(start, start + width)
+        if start + width < 65000 and all(p == start or p not in _HANDED_OUT for p in block) \
+                and all(_port_free(p) for p in block):
+            _HANDED_OUT.update(block)
             return start
     raise RuntimeError("no free port range")
 
@@ -110,12 +121,21 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _node_ports() -> list[str]:
-    first = _free_range(30)
-    return [f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-            f"--min-worker-port={first}", f"--max-worker-port={first + 29}",
-            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+# A node's own ports: Ray's worker range, then one port each for the rest, all from one block of
+# consecutive free ports (ports drawn one by one could land inside the range: Ray then refuses).
+_WORKER_PORTS = 30
+_NODE_PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                      "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
+
+
+def _node_ports(*head_options: str) -> list[str]:
+    """``ray start`` port options for one node; ``head_options`` (e.g. ``ray-client-server-port``)
+    take ports from the same block."""
+    names = (*_NODE_PORT_OPTIONS, *head_options)
+    first = _free_range(_WORKER_PORTS + len(names))
+    singles = range(first + _WORKER_PORTS, first + _WORKER_PORTS + len(names))
+    return [f"--min-worker-port={first}", f"--max-worker-port={first + _WORKER_PORTS - 1}",
+            *(f"--{name}={port}" for name, port in zip(names, singles))]
 
 
 class LocalCluster:
@@ -142,7 +162,7 @@ class LocalCluster:
         self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.gcs_port}", "--num-cpus=1",
                              "--resources={\"serve_train\": 1}", "--include-dashboard=true",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                             f"--ray-client-server-port={_free_port()}", f"--temp-dir={self.temp_dir}"])
+                             f"--temp-dir={self.temp_dir}"], head=True)
         self._wait(lambda: self._api_up(), 90, "the head's dashboard")
 
     def start_worker(self) -> None:
@@ -151,10 +171,11 @@ class LocalCluster:
                                              "--resources={\"collectors\": 2}"])
         self._wait(lambda: self.alive_nodes() == 2, 90, "the second node")
 
-    def _start(self, name: str, options: list[str]) -> subprocess.Popen:
+    def _start(self, name: str, options: list[str], head: bool = False) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")
         proc = subprocess.Popen([sys.executable, "-c", RAY_START_ON_LOOPBACK, "start", "--block",
-                                 "--disable-usage-stats", *options, *_node_ports()],
+                                 "--disable-usage-stats", *options,
+                                 *_node_ports(*(["ray-client-server-port"] if head else []))],
                                 env=self.node_env(name), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=self.root / name)
         self.procs.append(proc)
