@@ -37,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="collector: oracle (shortest walks), explore (nearest frontier) or mix "
                             "(corpus.oracle_fraction oracle walks); default: %(default)s")
     build.add_argument("--store", required=True, help="LanceDB URI (a folder, or an object-store URI)")
-    build.add_argument("--seed", type=int, default=None, help="episode generation seed (default: episodes.seed)")
+    build.add_argument("--seed", type=int, default=None,
+                       help="episode generation seed (default: episodes.seed). Episode ids are scene:index "
+                            "whatever the seed, so a store keeps the walk it holds at each index: another "
+                            "seed adds walks only at indices not yet stored (skipped_already_stored says how "
+                            "many it skipped); use a new --store for another plan")
     build.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     build.add_argument("--mixed-settings", action="store_true",
                        help="add walks to a store whose walks were collected with other world or sensor "
