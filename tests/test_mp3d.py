@@ -160,6 +160,26 @@ def test_a_frontier_agent_finds_the_goal_in_a_synthetic_scan_and_the_run_names_i
     assert memory_datasets(["mp3d/a/0", "gibson/B/0", "mp3d/c/0", ""]) == {"gibson": 1, "mp3d": 2}
 
 
+@pytest.mark.slow
+def test_the_calibrated_detector_runs_in_an_mp3d_home_and_its_defences_still_find_the_goals(scan_folder, tmp_path):
+    from trajrag.agent.evaluate import evaluate_agent
+    from trajrag.agent.registry import make_frontier_agent
+    from trajrag.world.sim import GridSimulator
+
+    summaries = {}
+    for profile, preset in (("oracle", []), ("calibrated", config.preset_overrides(["perception_calibrated"]))):
+        settings = config.settings(["sim.width=160", "sim.height=120"] + preset)
+        scenes = load_scenes(str(scan_folder), settings)
+        episodes = load_episodes("generated:2", scenes, settings)
+        summaries[profile] = evaluate_agent("frontier", lambda: make_frontier_agent(settings), GridSimulator(settings.sim),
+                                            episodes, scenes, tmp_path / profile, settings.episodes, progress=False)
+    calibrated = summaries["calibrated"]
+    assert calibrated["perception_profile"] == "calibrated"
+    assert calibrated["episodes"] == 2 and calibrated["sr"] == 1.0, calibrated
+    # evidence and verification take their views: the detector is at work, not the oracle
+    assert calibrated["steps"] > summaries["oracle"]["steps"]
+
+
 def test_a_truncated_scan_is_one_clear_line_naming_the_file(tmp_path, capsys):
     from trajrag.cli import main
 
