@@ -1,6 +1,6 @@
 """A rehearsal of cluster/ on this machine: a Ray head and a second node started with `ray start`
-(separate resources: the head holds the drivers and the Serve / Train side, the second node the
-`collectors`), the RayJobs' entrypoints submitted with `ray job submit` as KubeRay submits them
+(the head holds the drivers and no actor, num-cpus 0 as cluster/'s heads; the second node every
+actor that needs a CPU, so the node kill always takes the collectors at work), the RayJobs' entrypoints submitted with `ray job submit` as KubeRay submits them
 (taken from cluster/rayjob-*.yaml with their runtime env; sizes made tiny, two of the evaluation's
 three planners, `BUCKET` a bucket on moto's S3 server), every artefact in that bucket. Before each job both nodes' artefact caches are wiped: a job can only
 find what an earlier one left in the bucket, never on a disk. The second node is killed in the
@@ -159,16 +159,15 @@ class LocalCluster:
         return {**self.env, "TRAJRAG_ARTEFACT_CACHE": str(cache), "HOME": str(self.root / name)}
 
     def start_head(self) -> None:
-        self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.gcs_port}", "--num-cpus=1",
-                             "--resources={\"serve_train\": 1}", "--include-dashboard=true",
+        self._start("head", ["--head", "--node-ip-address=127.0.0.1", f"--port={self.gcs_port}", "--num-cpus=0",
+                             "--include-dashboard=true",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                              f"--temp-dir={self.temp_dir}"], head=True)
         self._wait(lambda: self._api_up(), 90, "the head's dashboard")
 
     def start_worker(self) -> None:
         self.worker = self._start("worker", [f"--address=127.0.0.1:{self.gcs_port}", "--node-ip-address=127.0.0.1",
-                                             "--num-cpus=2",
-                                             "--resources={\"collectors\": 2}"])
+                                             "--num-cpus=3"])
         self._wait(lambda: self.alive_nodes() == 2, 90, "the second node")
 
     def _start(self, name: str, options: list[str], head: bool = False) -> subprocess.Popen:
@@ -363,8 +362,8 @@ def test_the_rayjobs_run_on_two_nodes_with_every_artefact_in_the_bucket(cluster,
     assert corpus.wait(timeout=600) == 0, corpus_output()[-4000:]
     print(f"rehearsal: build-corpus (a node killed and replaced) {time.monotonic() - started:.0f} s", file=sys.stderr)
     summary = json.loads(s3.get_object(Bucket=BUCKET, Key="trajrag/memory-summary.json")["Body"].read())
-    # The node held a collector or the writer (or both): the job saw it go and carried on.
-    assert summary["faults"]["collector_interruptions"] + summary["faults"]["writer_failures"] >= 1, summary["faults"]
+    # The node held the collectors at work: the job saw them go and carried on.
+    assert summary["faults"]["collector_interruptions"] >= 1, summary["faults"]
     for name, value in (("AWS_ENDPOINT_URL", endpoint), ("AWS_ALLOW_HTTP", "true"), ("AWS_ACCESS_KEY_ID", "testing"),
                         ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")):
         monkeypatch.setenv(name, value)
