@@ -1,11 +1,12 @@
 """A rehearsal of cluster/ on this machine: a Ray head and a second node started with `ray start`
 (the head holds the drivers and no actor, num-cpus 0 as cluster/'s heads; the second node every
-actor that needs a CPU, so the node kill always takes the collectors at work), the RayJobs' entrypoints submitted with `ray job submit` as KubeRay submits them
-(taken from cluster/rayjob-*.yaml with their runtime env; sizes made tiny, two of the evaluation's
-three planners, `BUCKET` a bucket on moto's S3 server), every artefact in that bucket. Before each job both nodes' artefact caches are wiped: a job can only
-find what an earlier one left in the bucket, never on a disk. The second node is killed in the
-middle of the corpus build (its raylet, SIGKILL: a spot node gone) and the memory still holds
-every planned trajectory exactly once.
+actor that needs a CPU, so the node kill always takes the collectors at work), the RayJobs'
+entrypoints submitted with `ray job submit` as KubeRay submits them (taken from
+cluster/rayjob-*.yaml with their runtime env; sizes made tiny, two of the evaluation's three
+planners, `BUCKET` a bucket on moto's S3 server), every artefact in that bucket. Before each job
+both nodes' artefact caches are wiped: a job can only find what an earlier one left in the bucket,
+never on a disk. The second node is killed in the middle of the corpus build (its raylet, SIGKILL:
+a spot node gone) and the memory still holds every planned trajectory exactly once.
 
 Loopback only; every Ray process is this test's own (its session folder) and is ended by pid.
 """
