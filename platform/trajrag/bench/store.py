@@ -149,19 +149,20 @@ class _Workload:
 def _grow(paths: _Paths, work: "_Workload", target: int, batch_size: int) -> dict:
     """Grow the memory to ``target`` chunks in batches of ``batch_size``, each path a batch in
     turn; per path: trajectories, wall and CPU ms, phase seconds."""
-    grown = {path: {"n": 0, "wall": 0.0, "cpu": 0.0, "seconds": Counter()} for path in paths.order}
+    grown = {path: {"n": 0, "wall": 0.0, "cpu": 0.0} for path in paths.order}
+    before = {path: Counter(paths.seconds[path]) for path in paths.order}
     k = 0
     while paths.memory.n_chunks < target:
         path = paths.order[k % 2]
         batch = [work.next() for _ in range(min(target - paths.memory.n_chunks, batch_size))]
-        before = Counter(paths.seconds[path])
         wall, cpu = paths.run(path, lambda: paths.memory.insert_many(batch))
         row = grown[path]
         row["n"] += len(batch)
         row["wall"] += wall
         row["cpu"] += cpu
-        row["seconds"].update(paths.seconds[path] - before)
         k += 1
+    for path in paths.order:
+        grown[path]["seconds"] = paths.seconds[path] - before[path]
     return grown
 
 

@@ -359,15 +359,15 @@ class TrajectoryMemory:
         return _SeededDraws([self.cfg.seed, zlib.crc32(tid.encode())])
 
     def match_group(self, prep: Prepared, group_id: int, sim_all: np.ndarray,
-                    paired: tuple[np.ndarray, np.ndarray] | None = None) -> MatchResult:
+                    paired: tuple[np.ndarray, np.ndarray]) -> MatchResult:
         """Match ``prep`` against one group given their sector similarities at every shift
-        (``matching.sector_similarity_batch``) and optionally their ``matching.node_pairs``;
-        with ``memory.verifier`` on, the verifier accepts."""
+        (``matching.sector_similarity_batch``) and their ``matching.node_pairs`` (the floor
+        params differ only in ``min_inliers``, which the pairs do not use); with
+        ``memory.verifier`` on, the verifier accepts."""
         summary = self.summaries[group_id]
         verifier = self.cfg.verifier
         params = self.params if not verifier.enabled and self.on_match is None else self._floor_params
-        result = fit_pose(prep.geometry, summary, sim_all, *(paired or node_pairs(sim_all, params)),
-                          params, self._rng(prep.trajectory_id))
+        result = fit_pose(prep.geometry, summary, sim_all, *paired, params, self._rng(prep.trajectory_id))
         if params is self.params:
             return result
         if not verifier.enabled:

@@ -59,9 +59,8 @@ def sector_angles(traj: TopoPolarTrajectory) -> np.ndarray:
     return traj.reference_yaw + math.pi / 2 + np.arange(n) * (2 * math.pi / n)
 
 
-def _quarter_phrase(labels: np.ndarray | list[int], categories: tuple[str, ...]) -> str:
+def _quarter_phrase(labels: list[int], categories: tuple[str, ...]) -> str:
     """Objects hit in this quarter (in ray order), else open / wall / unexplored, in that priority."""
-    labels = labels.tolist() if isinstance(labels, np.ndarray) else labels
     objects = [categories[c].replace("_", " ") for c in labels if c >= 0]
     if objects:
         return " and ".join(dict.fromkeys(objects))
@@ -73,14 +72,12 @@ def _quarter_phrase(labels: np.ndarray | list[int], categories: tuple[str, ...])
 
 def node_surroundings(traj: TopoPolarTrajectory, k: int, heading: float) -> str:
     """"bed on the left, open ahead, ..." for node ``k`` seen facing ``heading`` (radians)."""
-    return _surroundings(traj.sectors[k], quarter_index(sector_angles(traj) - heading), traj.categories)
+    quarters = quarter_index(sector_angles(traj) - heading)
+    return _surroundings(np.asarray(traj.sectors[k]).tolist(), quarters.tolist(), traj.categories)
 
 
-def _surroundings(labels: np.ndarray | list[int], quarters: np.ndarray | list[int],
-                  categories: tuple[str, ...]) -> str:
+def _surroundings(labels: list[int], quarters: list[int], categories: tuple[str, ...]) -> str:
     """``node_surroundings`` of one node's sector ``labels`` given each sector's quarter."""
-    labels = labels.tolist() if isinstance(labels, np.ndarray) else labels
-    quarters = quarters.tolist() if isinstance(quarters, np.ndarray) else quarters
     in_quarter: tuple[list[int], ...] = ([], [], [], [])
     for label, at in zip(labels, quarters):
         in_quarter[at].append(label)
