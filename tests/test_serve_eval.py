@@ -12,6 +12,7 @@ Serve is shut down before and after this module so other tests never see its app
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -187,6 +188,27 @@ def test_http_ingress_on_loopback_answers_like_the_handle(job):
     with pytest.raises(urllib.error.HTTPError) as err:  # the app scores with a value model: it needs them
         urllib.request.urlopen(bad, timeout=60)
     assert err.value.code == 400 and "value_features" in err.value.read().decode()
+
+
+@pytest.mark.slow
+def test_a_replica_that_cannot_start_names_its_error_and_leaves_no_app(job, value_model, tmp_path):
+    """A value model copied without its experience table: Serve itself says only "Failed to update
+    the deployments"; the user gets the replica's own error line."""
+    from ray import serve
+
+    settings, _, _, _ = job
+    alone = tmp_path / "value.json"
+    shutil.copy(value_model, alone)
+    broken = config.settings([f"retrieval.store={settings.retrieval.store}",
+                              f"retrieval.model_dir={settings.retrieval.model_dir}",
+                              f"scoring.value_model={alone}", *JOB])
+    cfg = job_config(broken.eval_job).serve
+    with pytest.raises(RuntimeError) as err:
+        deploy_planner_app(broken, cfg)
+    message = str(err.value)
+    assert "ExperienceError" in message and "no experience table beside the frontier value model" in message
+    assert str(alone) in message and "Failed to update the deployments" not in message
+    assert app_name(broken, cfg) not in serve.status().applications
 
 
 @pytest.mark.slow

@@ -380,11 +380,35 @@ def deploy_planner_app(settings: Settings, cfg: PlannerServeConfig) -> tuple[str
         serve.run(build_planner_app(settings, cfg), name=name, route_prefix=route,
                   logging_config={"enable_access_log": False})
     except Exception as exc:  # noqa: BLE001 - Serve reports a failed replica constructor as RuntimeError
+        reason = _failure_reason(_deployment_messages(name)) or _failure_reason(str(exc)) or str(exc)
         _delete_quietly(name)
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else repr(exc))
         raise RuntimeError(f"planner Serve app {name} did not start: {reason}") from None
     return name, True
+
+
+def _deployment_messages(name: str) -> str:
+    """What Serve says of app ``name``'s deployments: a replica whose constructor raised leaves its
+    traceback there, while ``serve.run`` raises only "Failed to update the deployments"."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:  # noqa: BLE001 - best effort while reporting a failed deploy
+        return ""
+    return "" if app is None else "\n".join(d.message for d in app.deployments.values() if d.message)
+
+
+def _failure_reason(text: str) -> str:
+    """The innermost error of a failed deploy's text: the last line that names a raised exception
+    (a traceback ends with the one that started it all); "" if none does."""
+    raised = [line.strip() for line in text.splitlines() if _names_an_error(line.strip())]
+    return raised[-1] if raised else ""
+
+
+def _names_an_error(line: str) -> bool:
+    """``SomeError: message`` (a traceback's last line), the way Python prints a raised exception."""
+    head, colon, _ = line.partition(": ")
+    return bool(colon) and head.split(".")[-1].endswith(("Error", "Exception")) and " " not in head
 
 
 def app_status(name: str) -> str:
