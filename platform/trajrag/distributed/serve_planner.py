@@ -380,7 +380,7 @@ def deploy_planner_app(settings: Settings, cfg: PlannerServeConfig) -> tuple[str
         serve.run(build_planner_app(settings, cfg), name=name, route_prefix=route,
                   logging_config={"enable_access_log": False})
     except Exception as exc:  # noqa: BLE001 - Serve reports a failed replica constructor as RuntimeError
-        reason = _failure_reason(_deployment_messages(name)) or _failure_reason(str(exc)) or str(exc)
+        reason = _failure_reason(_deployment_messages(name)) or _failure_reason(str(exc)) or _first_line(exc)
         _delete_quietly(name)
         raise RuntimeError(f"planner Serve app {name} did not start: {reason}") from None
     return name, True
@@ -401,7 +401,7 @@ def _deployment_messages(name: str) -> str:
 def _failure_reason(text: str) -> str:
     """The innermost error of a failed deploy's text: the last line that names a raised exception
     (a traceback ends with the one that started it all); "" if none does."""
-    raised = [line.strip() for line in text.splitlines() if _names_an_error(line.strip())]
+    raised = [line for line in (line.strip() for line in text.splitlines()) if _names_an_error(line)]
     return raised[-1] if raised else ""
 
 
