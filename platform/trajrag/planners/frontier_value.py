@@ -56,6 +56,13 @@ WALKERS = ("frontier", "value")
 # What a recorded candidate costs (``ValueConfig.target``): "myopic" = metres to the goal through
 # its frontier (hindsight geodesics); "rollout" = metres walked after taking it (agent/rollouts.py).
 TARGETS = ("myopic", "rollout")
+# What the fit minimises (``ValueConfig.loss``): "logit" = cross-entropy against the soft target of
+# ``temperature_m``; "expected_regret" = the metres a candidate drawn by the model's softmax is
+# behind its decision's best, started from the logit fit.
+LOSSES = ("logit", "expected_regret")
+# Which columns the fit may weigh (``ValueConfig.features``): "all", or "geometry" (the object
+# columns keep weight 0: the map's shape alone).
+FEATURE_SETS = ("all", "geometry")
 
 
 @dataclass
@@ -78,12 +85,20 @@ class ValueConfig:
     # A fitted model to refine (configs/value.yaml): its standardisation is kept and the L2 pulls
     # towards its weights instead of towards 0.
     prior_model: str = ""
+    # The fit's objective and its columns (configs/value.yaml; models fitted before the keys:
+    # logit on all).
+    loss: str = "logit"
+    features: str = "all"
 
     def __post_init__(self) -> None:
         if self.walker not in WALKERS:
             raise ValueError(f"value.walker must be one of {WALKERS}, got {self.walker!r}")
         if self.target not in TARGETS:
             raise ValueError(f"value.target must be one of {TARGETS}, got {self.target!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"value.loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.features not in FEATURE_SETS:
+            raise ValueError(f"value.features must be one of {FEATURE_SETS}, got {self.features!r}")
         if self.rollout_decisions_per_episode < 1:
             raise ValueError(f"value.rollout_decisions_per_episode must be >= 1, "
                              f"got {self.rollout_decisions_per_episode}")
@@ -331,7 +346,8 @@ def usable(decisions: Sequence[ValueDecision]) -> list[ValueDecision]:
 def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str], goals: Sequence[str],
                     cfg: ValueConfig) -> FrontierValueModel:
     """Fit the conditional logit (L-BFGS, L2 ``cfg.l2`` on the standardised weights; with
-    ``cfg.prior_model``, on their difference from that model's, in its standardisation)."""
+    ``cfg.prior_model``, on their difference from that model's, in its standardisation) on the
+    columns ``cfg.features`` names, by ``cfg.loss``."""
     decisions = usable(decisions)
     if not decisions:
         raise ValueError("no decision with two candidates and a known way to the goal: collect more episodes")
@@ -342,28 +358,61 @@ def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str
     else:
         mean, scale, start = features.mean(axis=0), features.std(axis=0), np.zeros(features.shape[1])
         scale = np.where(scale > 0, scale, 1.0)
-    x = (features - mean) / scale
-    target = np.concatenate([soft_target(d.cost_m, cfg.temperature_m) for d in decisions])
-    starts = np.cumsum([0] + [len(d.cost_m) for d in decisions[:-1]])
-    group = np.repeat(np.arange(len(decisions)), [len(d.cost_m) for d in decisions])
-
-    def loss_and_grad(w: np.ndarray) -> tuple[float, np.ndarray]:
-        logits = x @ w
-        top = np.maximum.reduceat(logits, starts)[group]
-        exp = np.exp(logits - top)
-        total = np.add.reduceat(exp, starts)[group]
-        prob = exp / total
-        nll = -np.sum(target * (logits - top - np.log(total))) / len(decisions)
-        grad = x.T @ (prob - target) / len(decisions)
-        shift = w - start
-        return nll + cfg.l2 * float(shift @ shift), grad + 2 * cfg.l2 * shift
-
-    result = minimize(loss_and_grad, start.copy(), jac=True, method="L-BFGS-B",
-                      options={"maxiter": cfg.max_iterations})
+    columns = np.arange(len(GEOMETRY_FEATURES)) if cfg.features == "geometry" else np.arange(features.shape[1])
+    batch = _DecisionBatch(decisions, (features - mean)[:, columns] / scale[columns], cfg.temperature_m)
+    weights = np.zeros(features.shape[1])
+    weights[columns] = _minimise(batch.logit_loss, start[columns], cfg)
+    if cfg.loss == "expected_regret":
+        weights[columns] = _minimise(batch.expected_regret, weights[columns], cfg, anchor=start[columns])
     return FrontierValueModel(vocabulary=list(vocabulary), goals=list(goals),
                               feature_names=feature_names(vocabulary, goals), mean=mean, scale=scale,
-                              weights=result.x, config=cfg, report={"decisions": len(decisions),
-                                                                     "candidates": int(len(x))})
+                              weights=weights, config=cfg, report={"decisions": len(decisions),
+                                                                   "candidates": int(len(features))})
+
+
+class _DecisionBatch:
+    """Standardised candidate features (N, F) of many decisions, with each decision's softmax
+    and the two objectives of the fit (per decision, means over decisions)."""
+
+    def __init__(self, decisions: Sequence[ValueDecision], x: np.ndarray, temperature_m: float) -> None:
+        sizes = [len(d.cost_m) for d in decisions]
+        self.x, self.count = x, len(decisions)
+        self.starts = np.cumsum([0] + sizes[:-1])
+        self.group = np.repeat(np.arange(len(decisions)), sizes)
+        self.target = np.concatenate([soft_target(d.cost_m, temperature_m) for d in decisions])
+        self.regret_m = np.concatenate([worst_known(d.cost_m) - worst_known(d.cost_m).min() for d in decisions])
+
+    def _softmax(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(logits - each decision's top, per-candidate sum of its decision's exp, probabilities)."""
+        logits = self.x @ w
+        shifted = logits - np.maximum.reduceat(logits, self.starts)[self.group]
+        exp = np.exp(shifted)
+        total = np.add.reduceat(exp, self.starts)[self.group]
+        return shifted, total, exp / total
+
+    def logit_loss(self, w: np.ndarray) -> tuple[float, np.ndarray]:
+        shifted, total, prob = self._softmax(w)
+        nll = -np.sum(self.target * (shifted - np.log(total))) / self.count
+        return nll, self.x.T @ (prob - self.target) / self.count
+
+    def expected_regret(self, w: np.ndarray) -> tuple[float, np.ndarray]:
+        _, _, prob = self._softmax(w)
+        weighted = prob * self.regret_m
+        mean_regret = np.add.reduceat(weighted, self.starts)[self.group]
+        return float(weighted.sum()) / self.count, self.x.T @ (weighted - prob * mean_regret) / self.count
+
+
+def _minimise(loss_and_grad, start: np.ndarray, cfg: ValueConfig, anchor: Optional[np.ndarray] = None) -> np.ndarray:
+    """L-BFGS on ``loss_and_grad`` plus ``cfg.l2`` times the squared distance from ``anchor``
+    (default ``start``: the prior model's weights, or zeros)."""
+    centre = start if anchor is None else anchor
+
+    def penalised(w: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grad = loss_and_grad(w)
+        shift = w - centre
+        return loss + cfg.l2 * float(shift @ shift), grad + 2 * cfg.l2 * shift
+
+    return minimize(penalised, start.copy(), jac=True, method="L-BFGS-B", options={"maxiter": cfg.max_iterations}).x
 
 
 def _prior_model(path: str, vocabulary: Sequence[str], goals: Sequence[str]) -> Optional[FrontierValueModel]:
