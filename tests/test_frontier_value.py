@@ -392,3 +392,47 @@ def test_a_few_decisions_refine_a_prior_model_instead_of_replacing_it(tmp_path):
 
     with pytest.raises(ValueModelError, match="prior_model .* other features"):
         fit_value_model(few, [*VOCABULARY, "chair"], GOALS, with_prior)
+
+
+def _rare_jackpots(n: int, seed: int) -> list[ValueDecision]:
+    """Two candidates a decision, alike but for a long frontier (``log_frontier_length_m`` 1):
+    it is 2 m worse in four decisions of five and 30 m better in the fifth."""
+    rng = np.random.default_rng(seed)
+    names = feature_names(VOCABULARY, GOALS)
+    out = []
+    for i in range(n):
+        x = np.zeros((2, len(names)))
+        x[:, 0] = 4.0
+        x[1, 1] = 1.0
+        jackpot = rng.random() < 0.2
+        cost = np.array([40.0, 10.0]) if jackpot else np.array([10.0, 12.0])
+        out.append(ValueDecision(scene=f"home{i % 5}", goal=GOALS[i % 2], features=x, cost_m=cost))
+    return out
+
+
+def test_the_expected_regret_fit_weighs_how_far_behind_a_choice_falls_not_only_how_often():
+    """value.loss: the logit fit learns that the long frontier is usually not the best (its soft
+    target barely tells 2 m from 30 m) and loses 30 m where it was; the expected-regret fit
+    takes it, 2 m behind four times in five, and falls behind less on decisions it never saw."""
+    from dataclasses import replace
+
+    training, held_out = _rare_jackpots(400, seed=0), _rare_jackpots(400, seed=1)
+    logit = _fit(training)
+    regret = fit_value_model(training, VOCABULARY, GOALS, replace(config.load("value"), loss="expected_regret"))
+    quality = {name: ranking_quality(held_out, lambda x, goal, m=m: m.score(x), tolerance_m=0.25)
+               for name, m in (("logit", logit), ("regret", regret))}
+    assert quality["logit"]["regret_m"] > 4.0 and quality["regret"]["regret_m"] < 2.5
+    assert regret.config.loss == "expected_regret"  # the file says how it was fitted
+
+
+def test_a_geometry_value_leaves_every_object_column_at_zero_and_still_prices_distance():
+    from dataclasses import replace
+
+    from trajrag.planners.frontier_value import GEOMETRY_FEATURES
+
+    geometry = fit_value_model(_decisions(300, seed=0), VOCABULARY, GOALS,
+                               replace(config.load("value"), features="geometry"))
+    assert not geometry.weights[len(GEOMETRY_FEATURES):].any()
+    assert geometry.per_metre > 0  # the costs grow with distance: nearer is better, all else alike
+    with pytest.raises(ValueError, match="value.features must be one of"):
+        replace(config.load("value"), features="objects")
