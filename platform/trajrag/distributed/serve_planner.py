@@ -43,6 +43,7 @@ import numpy as np
 
 from trajrag import artefacts, config
 from trajrag.config import Settings
+from trajrag.distributed.shards import first_line
 from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings
 from trajrag.planners.frontier_value import candidate_features, load_value_model
@@ -380,7 +381,7 @@ def deploy_planner_app(settings: Settings, cfg: PlannerServeConfig) -> tuple[str
         serve.run(build_planner_app(settings, cfg), name=name, route_prefix=route,
                   logging_config={"enable_access_log": False})
     except Exception as exc:  # noqa: BLE001 - Serve reports a failed replica constructor as RuntimeError
-        reason = _failure_reason(_deployment_messages(name)) or _failure_reason(str(exc)) or _first_line(exc)
+        reason = _failure_reason(_deployment_messages(name)) or _failure_reason(str(exc)) or first_line(exc)
         _delete_quietly(name)
         raise RuntimeError(f"planner Serve app {name} did not start: {reason}") from None
     return name, True
@@ -529,9 +530,9 @@ class RemotePlanner(RetrievalTimings):
                 if time.monotonic() + wait > deadline:
                     raise ServeUnavailableError(
                         f"planner app {self.app}: no answer within {self.cfg.request_retry_s:.0f} s "
-                        f"({attempt + 1} tries): {_first_line(exc)}") from None
+                        f"({attempt + 1} tries): {first_line(exc)}") from None
                 log.warning("planner app %s: request failed (%s), retrying in %.1f s",
-                            self.app, _first_line(exc), wait)
+                            self.app, first_line(exc), wait)
                 attempt += 1
                 self.retries += 1
                 time.sleep(wait)
@@ -566,8 +567,3 @@ def is_transient(exc: BaseException) -> bool:
             return False
         exc, seen = getattr(exc, "cause", None), seen + 1
     return False
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
