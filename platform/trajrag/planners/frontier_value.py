@@ -332,11 +332,17 @@ def _first_bad(ok: np.ndarray) -> int:
     return int(np.flatnonzero(~ok)[0])
 
 
-def soft_target(cost_m: np.ndarray, temperature_m: float) -> np.ndarray:
-    """The training target of one decision: a softmax preferring lower cost (metres); candidates
-    without a known way to the goal count as the worst known one."""
+def metres_behind_best(cost_m: np.ndarray) -> np.ndarray:
+    """float (C,): each candidate's cost minus its decision's best (metres); candidates without a
+    known way to the goal count as the worst known one."""
     cost = worst_known(cost_m)
-    logits = -(cost - cost.min()) / temperature_m
+    return cost - cost.min()
+
+
+def soft_target(cost_m: np.ndarray, temperature_m: float) -> np.ndarray:
+    """The training target of one decision: a softmax preferring lower cost (metres,
+    ``metres_behind_best``)."""
+    logits = -metres_behind_best(cost_m) / temperature_m
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
 
@@ -383,7 +389,7 @@ class _DecisionBatch:
         self.starts = np.cumsum([0] + sizes[:-1])
         self.group = np.repeat(np.arange(len(decisions)), sizes)
         self.target = np.concatenate([soft_target(d.cost_m, temperature_m) for d in decisions])
-        self.regret_m = np.concatenate([worst_known(d.cost_m) - worst_known(d.cost_m).min() for d in decisions])
+        self.regret_m = np.concatenate([metres_behind_best(d.cost_m) for d in decisions])
 
     def _softmax(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logits - each decision's top, per-candidate sum of its decision's exp, probabilities)."""
@@ -454,8 +460,8 @@ def save_experience(model: FrontierValueModel, decisions: Sequence[ValueDecision
     decisions = usable(decisions)
     goals = [d.goal for d in decisions for _ in range(len(d.cost_m))]
     vectors = model.standardise(np.vstack([d.features for d in decisions]))
-    behind = [cost - cost.min() for cost in (worst_known(d.cost_m) for d in decisions)]
-    advantage = np.minimum(np.concatenate(behind), model.config.experience_cap_m)
+    behind = np.concatenate([metres_behind_best(d.cost_m) for d in decisions])
+    advantage = np.minimum(behind, model.config.experience_cap_m)
     return write_experience(experience_path(model_path), goals, vectors, advantage)
 
 
