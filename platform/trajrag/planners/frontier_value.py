@@ -367,12 +367,14 @@ def fit_value_model(decisions: Sequence[ValueDecision], vocabulary: Sequence[str
     else:
         mean, scale, start = features.mean(axis=0), features.std(axis=0), np.zeros(features.shape[1])
         scale = np.where(scale > 0, scale, 1.0)
-    columns = np.arange(len(GEOMETRY_FEATURES)) if cfg.features == "geometry" else np.arange(features.shape[1])
-    batch = _DecisionBatch(decisions, (features - mean)[:, columns] / scale[columns], cfg.temperature_m)
+    # A slice, not an index array: the standardised matrix stays the contiguous one BLAS got before
+    # the option existed, so a fit on all columns keeps its weights to the bit.
+    columns = slice(len(GEOMETRY_FEATURES)) if cfg.features == "geometry" else slice(None)
+    batch = _DecisionBatch(decisions, ((features - mean) / scale)[:, columns], cfg.temperature_m)
     weights = np.zeros(features.shape[1])
-    weights[columns] = _minimise(batch.logit_loss, start[columns], cfg)
+    weights[columns] = _minimise(batch.logit_loss, start[columns], start[columns], cfg)
     if cfg.loss == "expected_regret":
-        weights[columns] = _minimise(batch.expected_regret, weights[columns], cfg, anchor=start[columns])
+        weights[columns] = _minimise(batch.expected_regret, weights[columns], start[columns], cfg)
     return FrontierValueModel(vocabulary=list(vocabulary), goals=list(goals),
                               feature_names=feature_names(vocabulary, goals), mean=mean, scale=scale,
                               weights=weights, config=cfg, report={"decisions": len(decisions),
@@ -411,14 +413,13 @@ class _DecisionBatch:
         return float(weighted.sum()) / self.count, self.x.T @ (weighted - prob * mean_regret) / self.count
 
 
-def _minimise(loss_and_grad, start: np.ndarray, cfg: ValueConfig, anchor: Optional[np.ndarray] = None) -> np.ndarray:
-    """L-BFGS on ``loss_and_grad`` plus ``cfg.l2`` times the squared distance from ``anchor``
-    (default ``start``: the prior model's weights, or zeros)."""
-    centre = start if anchor is None else anchor
+def _minimise(loss_and_grad, start: np.ndarray, anchor: np.ndarray, cfg: ValueConfig) -> np.ndarray:
+    """L-BFGS from ``start`` on ``loss_and_grad`` plus ``cfg.l2`` times the squared distance from
+    ``anchor`` (the prior model's weights, or zeros)."""
 
     def penalised(w: np.ndarray) -> tuple[float, np.ndarray]:
         loss, grad = loss_and_grad(w)
-        shift = w - centre
+        shift = w - anchor
         return loss + cfg.l2 * float(shift @ shift), grad + 2 * cfg.l2 * shift
 
     return minimize(penalised, start.copy(), jac=True, method="L-BFGS-B", options={"maxiter": cfg.max_iterations}).x
@@ -445,11 +446,11 @@ def ranking_quality(decisions: Sequence[ValueDecision], scorer, tolerance_m: flo
     best, regret, rhos = [], [], []
     for d in usable(decisions):
         scores = np.asarray(scorer(d.features, d.goal), dtype=float)
-        cost = worst_known(d.cost_m)
-        regret.append(float(cost[int(np.argmax(scores))] - cost.min()))
+        behind = metres_behind_best(d.cost_m)
+        regret.append(float(behind[int(np.argmax(scores))]))
         best.append(regret[-1] <= tolerance_m)
-        if len(cost) >= 3 and np.isfinite(d.cost_m).all() and np.ptp(scores) > 0 and np.ptp(cost) > 0:
-            rhos.append(float(spearmanr(scores, -cost)[0]))
+        if len(behind) >= 3 and np.isfinite(d.cost_m).all() and np.ptp(scores) > 0 and np.ptp(behind) > 0:
+            rhos.append(float(spearmanr(scores, -behind)[0]))
     return {"decisions": len(best), "best_rate": _mean(best), "regret_m": _mean(regret), "rho": _mean(rhos)}
 
 
