@@ -198,3 +198,23 @@ def test_eval_revisit_records_k_and_builds_one_memory_per_home(revisit_run, caps
     capsys.readouterr()
     assert main([*argv[:argv.index("--revisit")], "--revisit", "2", *argv[argv.index("--revisit") + 2:]]) == 2
     assert "revisit.walks: 1 -> 2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_eval_revisit_on_two_evaluators_walks_as_in_one_process(nav_memory, tmp_path):
+    """``--revisit K --workers N``: each evaluator makes the known-homes agent and reads each
+    home's memory itself (no Serve app), and every episode walks step for step as in one process."""
+    _store, model_dir = nav_memory
+    argv = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:2", "--planner", "trajrag",
+            "--revisit", "1", "--model", model_dir, "--json", *FAST, "--set", "revisit.policy=oracle"]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
+
+    def walked(out):
+        records = [json.loads(line) for line in (out / "trajrag" / "episodes.jsonl").read_text().splitlines()]
+        return sorted((r["scene_key"], r["episode_id"], r["actions"], r["outcome"]) for r in records)
+
+    alone, spread = walked(tmp_path / "one"), walked(tmp_path / "two")
+    assert len(alone) == 4 and spread == alone
+    summary = json.loads((tmp_path / "two" / "trajrag" / "summary.json").read_text())
+    assert summary["planner_calls"] > 0  # the planner decided, reading the homes' memories

@@ -154,7 +154,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     from trajrag.agent.results_table import write_results_table
     from trajrag.agent.run_claims import claim_runs, run_settings
     from trajrag.agent.run_records import json_safe
-    from trajrag.agent.registry import make_agent
     from trajrag.memory.store import claim_store
     from trajrag.world.datasets import load_episodes, load_scenes
     from trajrag.world.sim import GridSimulator
@@ -184,14 +183,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             print(f"{len(scenes)} scenes, {len(episodes)} episodes, runs {[r.label for r in runs]} -> {args.out}",
                   file=sys.stderr)
             known_homes.build_memories(known, args, runs, scenes, out)
-            summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out) if ray_job else {}
+            summaries = _eval_on_ray(args, ray_job, runs, scenes, episodes, out, known) if ray_job else {}
             for run in runs:
                 if run.label in summaries:  # done by the Ray job
                     continue
                 on_episode = _lifelong(run.label, run.planner, run.settings, out) if args.lifelong else None
-                make_run_agent = known.agent_factory(run.planner, run.settings,
-                                                     lambda settings, planner=run.planner: make_agent(planner, settings))
-                summary = evaluate_agent(run.label, make_run_agent, sim, episodes, scenes, out, episode_cfg,
+                summary = evaluate_agent(run.label, _agent_factory(known, run), sim, episodes, scenes, out, episode_cfg,
                                          progress=not args.json, on_episode=on_episode, audit=audit)
                 summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
         table = write_results_table(_all_runs(out), out)
@@ -262,22 +259,31 @@ def _ray_job(args: argparse.Namespace) -> tuple:
 
 
 def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], scenes, episodes,
-                 out: Path) -> dict:
+                 out: Path, known: known_homes.KnownHomes) -> dict:
     """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray
-    (``ray_job``: ``_ray_job``'s shard and job config)."""
+    (``ray_job``: ``_ray_job``'s shard and job config). Under --revisit each evaluator makes the
+    known-homes agent (its home's memory read in the evaluator, no Serve app)."""
     from trajrag.distributed.evaluate import SERVED_PLANNERS, evaluate_ray, pending_episodes, ray_for_eval
 
     shard, cfg = ray_job
     pending = [r.planner for r in runs if pending_episodes(r.label, episodes, out, shard)]
-    served = any(planner in SERVED_PLANNERS for planner in pending)
+    served = known.plan is None and any(planner in SERVED_PLANNERS for planner in pending)
     summaries = {}
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
         for run in runs:
             summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.settings,
-                                   workers=args.workers, shard=shard, progress=not args.json)
+                                   workers=args.workers, shard=shard, progress=not args.json,
+                                   make_agent=None if known.plan is None else _agent_factory(known, run))
             summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     return summaries
+
+
+def _agent_factory(known: known_homes.KnownHomes, run: EvalRun):
+    """A function making ``run``'s agent (the registry's, as the known-homes options change it)."""
+    from trajrag.agent.registry import make_agent
+
+    return known.agent_factory(run.planner, run.settings, lambda settings: make_agent(run.planner, settings))
 
 
 def _check_goals(episodes, runs: list[EvalRun], vocabulary: Sequence[str]) -> None:

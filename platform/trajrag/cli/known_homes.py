@@ -35,7 +35,8 @@ GLOBAL_QUESTIONS = "global_questions.json"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "known homes", "the revisit benchmark and Embodied-RAG's query kinds (docs/known_homes.md; one process)")
+        "known homes", "the revisit benchmark and Embodied-RAG's query kinds (docs/known_homes.md; --revisit "
+        "runs alone or with --workers N on this machine, implicit queries in one process)")
     group.add_argument("--revisit", type=int, default=0, metavar="K",
                        help="before each home's episodes, that home's own memory (<out>/revisit/<home>) holds K "
                        "earlier walks of it (corpus policies, never the evaluated episodes; configs/revisit.yaml); "
@@ -61,8 +62,11 @@ def check_options(args: argparse.Namespace, distributed: bool) -> None:
     if args.revisit and args.lifelong:
         raise UserError("--lifelong is not available with --revisit (each home's memory is built before its "
                         "episodes; lifelong insertion into it is not implemented)")
-    if distributed and (args.revisit or args.queries != EXPLICIT):
-        raise UserError("--revisit and implicit queries run in one process: drop --workers/--shard/--ray-address")
+    if distributed and args.queries != EXPLICIT:
+        raise UserError("implicit queries run in one process: drop --workers/--shard/--ray-address")
+    if args.revisit and (args.shard or args.ray_address or args.distributed):
+        raise UserError("--revisit's memories are built under --out on this machine, which evaluators elsewhere "
+                        "cannot read: run it here, alone or with --workers N, without --shard/--ray-address")
 
 
 def apply_revisit(args: argparse.Namespace) -> Settings:
@@ -97,7 +101,8 @@ class KnownHomes:
 
     def agent_factory(self, planner: str, settings: Settings, make_agent: Callable[[Settings], Any]):
         """A function making the run's agent: ``make_agent(settings)`` with, under --revisit, a
-        retrieving planner's memory being its home's, and implicit runs asked needs."""
+        retrieving planner's memory being its home's, and implicit runs asked needs. Picklable
+        without implicit queries (``--revisit --workers N`` hands it to each evaluator)."""
         implicit = settings.queries.kind == IMPLICIT
 
         def make():

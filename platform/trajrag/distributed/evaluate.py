@@ -142,13 +142,15 @@ class EvalItem:
 
 class EvaluatorWorker:
     """An evaluator actor: one simulator and one agent (navigator + planner), made from the
-    driver's ``settings``."""
+    driver's ``settings``, or by the driver's ``make_agent`` (a known-homes agent, which reads
+    each home's memory in the evaluator: ``trajrag eval --revisit K --workers N``)."""
 
     def __init__(self, planner: str, settings: Settings, serve_app: str | None,
-                 serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None) -> None:
+                 serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None,
+                 make_agent: Callable[[], Any] | None = None) -> None:
         self.sim = GridSimulator(settings.sim)
         self.episode_cfg = settings.episodes
-        self.agent = make_evaluator_agent(planner, settings, serve_app, serve_cfg)
+        self.agent = make_agent() if make_agent else make_evaluator_agent(planner, settings, serve_app, serve_cfg)
         self.fault = fault
         self.scenes = SceneCache(scene_cache)
         self.finished = 0
@@ -446,7 +448,7 @@ def ray_for_eval(address: str | None, cfg: EvalJobConfig, served: bool) -> Itera
 def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequence[Any], out_dir: Path | str,
                  settings: Settings, *, workers: int | None = None, shard: tuple[int, int] | None = None,
                  progress: bool = True, ray_address: str | None = None, faults: EvalFaultPlan | None = None,
-                 on_record: Callable[[dict], None] | None = None) -> dict:
+                 on_record: Callable[[dict], None] | None = None, make_agent: Callable[[], Any] | None = None) -> dict:
     """Evaluate ``planner`` made from ``settings`` on ``episodes`` (the ``shard`` range of them)
     with ``workers`` evaluator actors (default ``eval_job.evaluators``); records under
     ``<out_dir>/<label>/``.
@@ -454,11 +456,13 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
     Returns ``trajrag eval``'s summary (``episodes``, ``sr``, ``spl``, ``dtg_m``, ``planner_calls``,
     ``fallbacks``, ``retrieval_ms_p50``, per category...) over the shard's finished episodes, plus
     the job's counts, ``episodes_per_h``, seconds per stage, Serve latencies and fault handling.
-    ``on_record(record)`` runs in the driver after each record is written.
+    ``on_record(record)`` runs in the driver after each record is written. ``make_agent``: each
+    evaluator's agent made by it instead (pickled to the actors; no Serve app: a retrieving
+    planner retrieves inside the evaluator).
     """
     started = time.perf_counter()
     cfg = job_config(settings.eval_job, workers)
-    served = planner in SERVED_PLANNERS
+    served = planner in SERVED_PLANNERS and make_agent is None
     keys = [episode_key(e) for e in episodes]
     repeated = [k for k, n in Counter(keys).items() if n > 1]
     if repeated:
@@ -477,7 +481,7 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
             app, deployed, deploy_s = _deploy(settings, cfg.serve)
         try:
             pipe = _run_pipeline(cfg, label, planner, settings, scenes, episodes, todo, app, run,
-                                 done, progress, faults, on_record) if todo else None
+                                 done, progress, faults, on_record, make_agent) if todo else None
         finally:
             if deployed and not cfg.serve.keep_app:
                 delete_planner_app(app)
@@ -515,8 +519,8 @@ def _deploy(settings: Settings, serve_cfg: PlannerServeConfig) -> tuple[str, boo
 
 def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settings, scenes: Sequence[Any],
                   episodes: Sequence[Any], todo: list[int], app: str | None, run: ShardedRun, done: dict,
-                  progress: bool, faults: EvalFaultPlan | None,
-                  on_record: Callable[[dict], None] | None) -> _EvalPipeline:
+                  progress: bool, faults: EvalFaultPlan | None, on_record: Callable[[dict], None] | None,
+                  make_agent: Callable[[], Any] | None) -> _EvalPipeline:
     from tqdm import tqdm
 
     needed = {episodes[i].scene_key for i in todo}
@@ -529,7 +533,7 @@ def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settin
     made: list[Any] = []
 
     def make_evaluator() -> Any:
-        actor = evaluator_cls.remote(planner, settings, app, cfg.serve, cfg.scene_cache, faults)
+        actor = evaluator_cls.remote(planner, settings, app, cfg.serve, cfg.scene_cache, faults, make_agent)
         made.append(actor)
         return actor
 

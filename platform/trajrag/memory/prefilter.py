@@ -295,7 +295,8 @@ class NodeIndex:
         query = node_descriptors(sectors, self.dim)
         if self._centroids is None:
             # One matrix product, the index on the left: OpenBLAS streams it ~3x faster than
-            # ``query @ index.T`` (which packs the whole index into panels first) to the same bits.
+            # ``query @ index.T`` (which packs the whole index into panels first): the same bits with
+            # its kernels without FMA (Nehalem, Sandybridge), within float32 rounding with FMA (Haswell).
             # One query node goes through another kernel (gemv) that rounds differently: padded,
             # a node's similarities are the same bits whichever nodes it is searched with (the
             # retriever searches a decision's new nodes at once).
