@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -218,3 +219,20 @@ def test_eval_revisit_on_two_evaluators_walks_as_in_one_process(nav_memory, tmp_
     assert len(alone) == 4 and spread == alone
     summary = json.loads((tmp_path / "two" / "trajrag" / "summary.json").read_text())
     assert summary["planner_calls"] > 0  # the planner decided, reading the homes' memories
+
+
+@pytest.mark.slow  # the session's small memory
+def test_a_served_run_over_a_memory_of_the_evaluated_homes_is_warned_of_the_places_it_prices_not(nav_memory, capsys):
+    from trajrag.cli.eval import _warn_of_walked_homes
+
+    store, _model = nav_memory  # walks of procedural:train:3
+
+    def run(home_goals):
+        return SimpleNamespace(settings=SimpleNamespace(retrieval=SimpleNamespace(store=store, home_goals=home_goals)))
+
+    walked = [SimpleNamespace(scene_key="procedural/train/0001")]
+    _warn_of_walked_homes([run(True)], walked)
+    assert "has walked 1 of the evaluated homes (procedural/train/0001)" in capsys.readouterr().err
+    _warn_of_walked_homes([run(False)], walked)  # no known-home places asked: nothing to say
+    _warn_of_walked_homes([run(True)], [SimpleNamespace(scene_key="procedural/val/0000")])
+    assert capsys.readouterr().err == ""
