@@ -583,4 +583,5 @@ def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, ca
         assert result[f"chunks_{size}"] > 0.9 * int(size[:-1]) * 1000
     assert 0 < result["bytes_per_chunk"] <= 4096  # the memory issue's size goal, no embedding
     assert result["purity"] >= 0.95  # synthetic homes do not merge with one another
+    assert result["blas_kernels"] not in ("", "unknown")  # the figures' kernels (FMA or not)
     assert list((tmp_path / "work").iterdir()) == []

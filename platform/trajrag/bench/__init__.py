@@ -8,6 +8,7 @@ import tempfile
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 # Small files written and renamed to time the folder's filesystem (see ``write_rename_ms``).
 _PROBE_FILES = 200
@@ -36,3 +37,12 @@ def write_rename_ms(folder: str) -> float:
         times.append(time.perf_counter() - start)
         os.remove(path + ".done")
     return round(float(np.median(times)) * 1e3, 3)
+
+
+def blas_kernels() -> str:
+    """The kernels numpy's BLAS picked for this CPU (OpenBLAS's core type, e.g. ``Haswell``):
+    speed, and the last bits of products, differ between kernel families (FMA or not), so a
+    bench's figures say which they are from."""
+    found = [info.get("architecture") or info.get("internal_api", "") for info in threadpool_info()
+             if info.get("user_api") == "blas"]
+    return ", ".join(sorted(set(found))) or "unknown"

@@ -40,7 +40,7 @@ tmpfs, without the disk.
 numpy's matrix products use every core by default; on a shared machine that makes the
 prefilter several times slower. The writer limits them to ``memory.blas_threads`` during a
 decision; ``OPENBLAS_NUM_THREADS=1`` (as Ray workers run) does so for the whole process. The
-output records both.
+output records both, and ``blas_kernels``: the kernels OpenBLAS picked for this CPU.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from typing import Callable
 
 import numpy as np
 
-from trajrag.bench import work_dir, write_rename_ms
+from trajrag.bench import blas_kernels, work_dir, write_rename_ms
 from trajrag.config import Settings
 from trajrag.memory.grouping import PHASES, TrajectoryMemory
 from trajrag.memory.stats import corpus_stats
@@ -220,6 +220,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     out: dict = {"chunks_per_scene": _CHUNKS_PER_SCENE, "timing_inserts": timing_inserts,
                  "fast_path": cfg.fast_path, "blas_threads": cfg.blas_threads,
                  "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+                 "blas_kernels": blas_kernels(),
                  "load_average": round(os.getloadavg()[0], 2)}
     try:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
