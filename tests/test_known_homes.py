@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trajrag import config
-from trajrag.cli import main
+from trajrag.cli import known_homes, main
 from trajrag.queries import QueryError
 from trajrag.queries.inventory import (
     Inventory,
@@ -223,16 +223,14 @@ def test_eval_revisit_on_two_evaluators_walks_as_in_one_process(nav_memory, tmp_
 
 @pytest.mark.slow  # the session's small memory
 def test_a_served_run_over_a_memory_of_the_evaluated_homes_is_warned_of_the_places_it_prices_not(nav_memory, capsys):
-    from trajrag.cli.eval import _warn_of_walked_homes
-
     store, _model = nav_memory  # walks of procedural:train:3
 
     def run(home_goals):
         return SimpleNamespace(settings=SimpleNamespace(retrieval=SimpleNamespace(store=store, home_goals=home_goals)))
 
     walked = [SimpleNamespace(scene_key="procedural/train/0001")]
-    _warn_of_walked_homes([run(True)], walked)
+    known_homes.warn_of_walked_homes([run(True)], walked)
     assert "has walked 1 of the evaluated homes (procedural/train/0001)" in capsys.readouterr().err
-    _warn_of_walked_homes([run(False)], walked)  # no known-home places asked: nothing to say
-    _warn_of_walked_homes([run(True)], [SimpleNamespace(scene_key="procedural/val/0000")])
+    known_homes.warn_of_walked_homes([run(False)], walked)  # no known-home places asked: nothing to say
+    known_homes.warn_of_walked_homes([run(True)], [SimpleNamespace(scene_key="procedural/val/0000")])
     assert capsys.readouterr().err == ""

@@ -269,7 +269,7 @@ def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], 
     pending = [r.planner for r in runs if pending_episodes(r.label, episodes, out, shard)]
     served = known.plan is None and any(planner in SERVED_PLANNERS for planner in pending)
     if served:
-        _warn_of_walked_homes([r for r in runs if r.planner in SERVED_PLANNERS], episodes)
+        known_homes.warn_of_walked_homes([r for r in runs if r.planner in SERVED_PLANNERS], episodes)
     summaries = {}
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
@@ -279,26 +279,6 @@ def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], 
                                    make_agent=None if known.plan is None else _agent_factory(known, run))
             summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     return summaries
-
-
-def _warn_of_walked_homes(runs: list[EvalRun], episodes) -> None:
-    """A served run whose memory has walked an evaluated home: say that the Serve app prices no
-    known-home places there (``retrieval.home_goals``), unlike a run in one process."""
-    from trajrag.memory.store import CHUNKS, MemoryStore
-
-    homes = {e.scene_key for e in episodes}
-    for store_uri in sorted({r.settings.retrieval.store for r in runs
-                             if r.settings.retrieval.home_goals and r.settings.retrieval.store}):
-        store = MemoryStore(store_uri, read_only=True)
-        try:
-            walked = sorted(homes & set(store.read(CHUNKS, ["scene_hint"]).column("scene_hint").to_pylist()))
-        finally:
-            store.close()
-        if walked:
-            print(f"warning: the memory {store_uri} has walked {len(walked)} of the evaluated homes ({walked[0]}"
-                  f"{', ...' if len(walked) > 1 else ''}); the Serve app of --workers prices no known-home places "
-                  "(retrieval.home_goals), so their episodes may walk otherwise than in one process: run without "
-                  "--workers, or use --revisit K --workers N", file=sys.stderr)
 
 
 def _agent_factory(known: known_homes.KnownHomes, run: EvalRun):

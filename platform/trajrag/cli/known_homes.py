@@ -18,6 +18,7 @@ from trajrag.agent.collect import POLICIES, collector_settings
 from trajrag.agent.corpus import collect_into
 from trajrag.agent.evaluate import write_json
 from trajrag.agent.names import RETRIEVING_AGENTS
+from trajrag.memory.store import CHUNKS, MemoryStore
 from trajrag.cli import UserError
 from trajrag.config import Settings
 from trajrag.queries import EXPLICIT, IMPLICIT, KINDS, QueryConfig, QueryError
@@ -207,7 +208,6 @@ def _embedder(model_dir: str, settings: Settings, encoder):
 def answer_global_questions(memories, scenes, settings: Settings) -> dict:
     """Each home's inventory questions answered from its memory and scored (``queries.inventory``),
     written to ``<out>/revisit/global_questions.json``; returns the summary over homes."""
-    from trajrag.memory.store import MemoryStore
     from trajrag.queries.inventory import answer_questions, summarize_scores
 
     queries: QueryConfig = settings.queries
@@ -228,3 +228,21 @@ def answer_global_questions(memories, scenes, settings: Settings) -> dict:
 
 def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def warn_of_walked_homes(runs: Sequence[Any], episodes) -> None:
+    """A served run whose memory has walked an evaluated home: say that the Serve app prices no
+    known-home places there (``retrieval.home_goals``), unlike a run in one process."""
+    homes = {e.scene_key for e in episodes}
+    for store_uri in sorted({r.settings.retrieval.store for r in runs
+                             if r.settings.retrieval.home_goals and r.settings.retrieval.store}):
+        store = MemoryStore(store_uri, read_only=True)
+        try:
+            walked = sorted(homes & set(store.read(CHUNKS, ["scene_hint"]).column("scene_hint").to_pylist()))
+        finally:
+            store.close()
+        if walked:
+            print(f"warning: the memory {store_uri} has walked {len(walked)} of the evaluated homes ({walked[0]}"
+                  f"{', ...' if len(walked) > 1 else ''}); the Serve app of --workers prices no known-home places "
+                  "(retrieval.home_goals), so their episodes may walk otherwise than in one process: run without "
+                  "--workers, or use --revisit K --workers N", file=sys.stderr)
