@@ -234,3 +234,15 @@ def test_a_served_run_over_a_memory_of_the_evaluated_homes_is_warned_of_the_plac
     known_homes.warn_of_walked_homes([run(False)], walked)  # no known-home places asked: nothing to say
     known_homes.warn_of_walked_homes([run(True)], [SimpleNamespace(scene_key="procedural/val/0000")])
     assert capsys.readouterr().err == ""
+
+
+def test_revisit_on_shards_or_another_ray_and_implicit_queries_on_ray_are_refused_before_anything_is_written(tmp_path, capsys):
+    base = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:1", "--planner", "frontier",
+            "--out", str(tmp_path / "eval"), *FAST]
+    assert main([*base, "--revisit", "1", "--shard", "0/2"]) == 2
+    assert "evaluators elsewhere cannot read" in capsys.readouterr().err
+    assert main([*base, "--revisit", "1", "--ray-address", "127.0.0.1:6379"]) == 2
+    assert "without --shard/--ray-address" in capsys.readouterr().err
+    assert main([*base, "--queries", "implicit", "--workers", "2"]) == 2
+    assert "implicit queries run in one process" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
