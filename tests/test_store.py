@@ -585,3 +585,22 @@ def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, ca
     assert result["purity"] >= 0.95  # synthetic homes do not merge with one another
     assert result["blas_kernels"] not in ("", "unknown")  # the figures' kernels (FMA or not)
     assert list((tmp_path / "work").iterdir()) == []
+
+
+@pytest.mark.slow  # a local Ray and 300 trajectories into one, then two writers: ~20 s
+def test_bench_build_feeds_one_and_two_writers_and_reports_their_rates(tmp_path, capsys):
+    from trajrag.cli import main
+
+    assert main(["bench", "build", "--quick", "--json", "--workdir", str(tmp_path / "work")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sizes"] == [300]
+    for writers in (1, 2):
+        assert result[f"build_traj_per_s_{writers}w_300"] > 0 and result[f"build_seconds_{writers}w"] > 0
+        assert result[f"groups_{writers}w"] > 0
+    # Writers split by scene group the walks as one writer does, near enough (equal on this plan
+    # here; a near-tie in the candidates could move a walk on other BLAS kernels).
+    assert abs(result["chunks_1w"] - result["chunks_2w"]) <= 0.02 * result["chunks_1w"]
+    assert abs(result["groups_1w"] - result["groups_2w"]) <= max(1, 0.05 * result["groups_1w"])
+    assert result["build_speedup_1w_300"] == 1.0
+    assert result["blas_kernels"] not in ("", "unknown")
+    assert list((tmp_path / "work").iterdir()) == []

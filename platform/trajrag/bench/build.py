@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajrag.bench import work_dir
+from trajrag.bench import blas_kernels, work_dir
 from trajrag.bench.store import _size_name, _Workload
 from trajrag.config import Settings
 from trajrag.memory.prepare import chunk_description
@@ -97,7 +97,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     window = cfg.quick_window if quick else cfg.window
     verbose = not getattr(args, "json", False)
     out: dict = {"sizes": sizes, "window": window, "writer_batch": job.writer_batch,
-                 "max_unacked_batches": job.max_unacked_batches, "cpus": os.cpu_count()}
+                 "max_unacked_batches": job.max_unacked_batches, "cpus": os.cpu_count(),
+                 "blas_kernels": blas_kernels()}
     own_ray = ensure_ray(None, max(cfg.writers) * job.shard_num_cpus + 1, quiet=True)
     trajs = _trajectories(sizes[-1], memory_cfg.seed, cfg.chunks_per_scene)
     writer_cls = ray.remote(GroupingWriter).options(num_cpus=0)

@@ -52,7 +52,7 @@ import numpy as np
 from trajrag.agent.corpus import build_corpus
 from trajrag.agent.episode_runner import run_episode
 from trajrag.agent.navigator import make_navigator
-from trajrag.bench import work_dir
+from trajrag.bench import blas_kernels, work_dir
 from trajrag.config import Settings
 from trajrag.encoder.node_encoder import NodeEncoder
 from trajrag.errors import UserError
@@ -539,7 +539,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     rng = np.random.default_rng(cfg.seed)
     work = work_dir(args, "trajrag-bench-scale-")
     store_uri = cfg.store_dir or os.path.join(work, "memory")
-    out: dict = {"chunks_requested": n_chunks}
+    out: dict = {"chunks_requested": n_chunks, "blas_kernels": blas_kernels()}
     try:
         start = time.perf_counter()
         src = load_source(cfg, work, settings, progress)
