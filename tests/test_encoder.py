@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from trajrag import config
+from trajrag.cli import main
 from trajrag.encoder import EncoderError, torch_device
 from trajrag.encoder.data import (
     crop_sequence,
+    pairable_chunks,
     sample_pairs,
     split_scenes,
     synthetic_store,
@@ -268,6 +270,27 @@ def test_crop_positives_pair_a_lone_chunk_with_a_contiguous_part_of_itself():
     assert len(crop_sequence(seq[:2], rng, 0.5)) == 2  # never shorter than 2 nodes
 
 
+def test_every_epoch_pairs_at_least_the_pairable_chunks():
+    group = np.array([0, 0, 1, 2, 3, 4])
+    goal = np.array([5, 6, 7, 7, 8, 9])  # 0-1: group-mates; 2-3: goal-mates; 4, 5: alone in both
+    assert pairable_chunks(group, goal, "goal") == pairable_chunks(group, goal, "goal_or_crop") == 4
+    assert pairable_chunks(group, goal, "crop") == 6
+    for fallback in ("goal", "crop", "goal_or_crop"):
+        drawn = [len(sample_pairs(group, goal, np.random.default_rng(seed), fallback)[0]) for seed in range(40)]
+        assert min(drawn) == pairable_chunks(group, goal, fallback)  # a bound that some epoch reaches
+
+
+def test_a_training_set_too_small_for_its_workers_is_refused_before_ray_starts(tmp_path, tiny_node_dir, capsys):
+    uri = str(tmp_path / "memory")
+    synthetic_store(uri, n_scenes=3, per_scene=1, seed=5, memory_cfg=config.load("memory"), length=(5, 10))
+    out = tmp_path / "encoder"
+    argv = ["encoder", "train", "--store", uri, "--out", str(out), "--workers", "4"]
+    assert main([*argv, *(a for v in _overrides(tiny_node_dir) for a in ("--set", v))]) == 2
+    err = capsys.readouterr().err
+    assert "that pair in every epoch" in err and "fewer than the 4 worker(s)" in err
+    assert not out.exists()  # a refused command leaves no folder behind
+
+
 def test_held_out_scenes_are_deterministic_disjoint_and_leave_training_scenes():
     scenes = [f"s{i}" for i in range(10)] * 3
     train, held = split_scenes(scenes, 0.2, 2, seed=0)
@@ -296,7 +319,6 @@ def test_folds_hold_out_every_scene_exactly_once():
 @pytest.mark.slow
 def test_two_workers_resume_after_a_killed_worker_then_eval_writes_embeddings(
         ray_session, store_uri, tiny_node_dir, tmp_path, capsys):
-    from trajrag.cli import main
     from trajrag.encoder.evaluate import embed_store
     from trajrag.encoder.train import train_encoder
     from trajrag.memory.grouping import TrajectoryMemory
@@ -370,7 +392,6 @@ def two_folds(ray_session, store_uri, tiny_node_dir, tmp_path_factory) -> dict:
     import contextlib
     import io
 
-    from trajrag.cli import main
     from trajrag.memory.store import MemoryStore
 
     versions = MemoryStore(store_uri, read_only=True).versions()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from trajrag import config
-from trajrag.cli import known_homes, main
+from trajrag.cli import main
 from trajrag.queries import QueryError
 from trajrag.queries.inventory import (
     Inventory,
@@ -108,6 +108,15 @@ def test_every_need_of_the_query_table_resolves_to_its_category(implicit):
     assert [implicit.resolve(need) for need in needs] == resolved  # one at a time, as episodes ask
 
 
+def test_needs_answered_in_advance_are_the_encoders_answers_and_pickle_without_it(implicit):
+    answered = implicit.answered_in_advance()
+    needs = list(implicit.intended)
+    assert [answered.resolve(need) for need in needs] == [implicit.resolve(need) for need in needs]
+    assert len(pickle.dumps(answered)) < 10_000  # what each evaluator is handed: no text encoder
+    with pytest.raises(QueryError, match="unknown need"):
+        answered.resolve("find me a fire hydrant")
+
+
 def test_an_unknown_need_or_a_goal_without_needs_is_a_clear_error(implicit):
     with pytest.raises(QueryError, match="unknown need 'find me a fire hydrant': not in queries.implicit"):
         implicit.resolve("find me a fire hydrant")
@@ -202,47 +211,34 @@ def test_eval_revisit_records_k_and_builds_one_memory_per_home(revisit_run, caps
 
 
 @pytest.mark.slow
-def test_eval_revisit_on_two_evaluators_walks_as_in_one_process(nav_memory, tmp_path):
-    """``--revisit K --workers N``: each evaluator makes the known-homes agent and reads each
-    home's memory itself (no Serve app), and every episode walks step for step as in one process."""
+def test_eval_revisit_and_implicit_queries_on_two_evaluators_walk_as_in_one_process(nav_memory, tmp_path):
+    """``--revisit K --queries implicit --workers N``: each evaluator makes the known-homes agent
+    and reads each home's memory itself (no Serve app; frontier: the registry's agent), asks the
+    needs resolved in the driver, and every episode walks step for step as in one process."""
     _store, model_dir = nav_memory
-    argv = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:2", "--planner", "trajrag",
-            "--revisit", "1", "--model", model_dir, "--json", *FAST, "--set", "revisit.policy=oracle"]
+    argv = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:2", "--planner", "trajrag,frontier",
+            "--revisit", "1", "--queries", "implicit", "--model", model_dir, "--json", *FAST,
+            "--set", "revisit.policy=oracle"]
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
     assert main([*argv, "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
 
-    def walked(out):
-        records = [json.loads(line) for line in (out / "trajrag" / "episodes.jsonl").read_text().splitlines()]
-        return sorted((r["scene_key"], r["episode_id"], r["actions"], r["outcome"]) for r in records)
+    def walked(out, run):
+        records = [json.loads(line) for line in (out / run / "episodes.jsonl").read_text().splitlines()]
+        return sorted((r["scene_key"], r["episode_id"], r["actions"], r["outcome"], r.get("query")) for r in records)
 
-    alone, spread = walked(tmp_path / "one"), walked(tmp_path / "two")
-    assert len(alone) == 4 and spread == alone
-    summary = json.loads((tmp_path / "two" / "trajrag" / "summary.json").read_text())
+    for run in ("trajrag-implicit", "frontier-implicit"):
+        alone, spread = walked(tmp_path / "one", run), walked(tmp_path / "two", run)
+        assert len(alone) == 4 and spread == alone, run
+        assert [query["kind"] for *_, query in spread] == ["implicit"] * 4
+    summary = json.loads((tmp_path / "two" / "trajrag-implicit" / "summary.json").read_text())
     assert summary["planner_calls"] > 0  # the planner decided, reading the homes' memories
 
 
-@pytest.mark.slow  # the session's small memory
-def test_a_served_run_over_a_memory_of_the_evaluated_homes_is_warned_of_the_places_it_prices_not(nav_memory, capsys):
-    store, _model = nav_memory  # walks of procedural:train:3
-
-    def run(home_goals):
-        return SimpleNamespace(settings=SimpleNamespace(retrieval=SimpleNamespace(store=store, home_goals=home_goals)))
-
-    walked = [SimpleNamespace(scene_key="procedural/train/0001")]
-    known_homes.warn_of_walked_homes([run(True)], walked)
-    assert "has walked 1 of the evaluated homes (procedural/train/0001)" in capsys.readouterr().err
-    known_homes.warn_of_walked_homes([run(False)], walked)  # no known-home places asked: nothing to say
-    known_homes.warn_of_walked_homes([run(True)], [SimpleNamespace(scene_key="procedural/val/0000")])
-    assert capsys.readouterr().err == ""
-
-
-def test_revisit_on_shards_or_another_ray_and_implicit_queries_on_ray_are_refused_before_anything_is_written(tmp_path, capsys):
+def test_revisit_on_shards_or_another_ray_is_refused_before_anything_is_written(tmp_path, capsys):
     base = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:1", "--planner", "frontier",
             "--out", str(tmp_path / "eval"), *FAST]
     assert main([*base, "--revisit", "1", "--shard", "0/2"]) == 2
     assert "evaluators elsewhere cannot read" in capsys.readouterr().err
     assert main([*base, "--revisit", "1", "--ray-address", "127.0.0.1:6379"]) == 2
     assert "without --shard/--ray-address" in capsys.readouterr().err
-    assert main([*base, "--queries", "implicit", "--workers", "2"]) == 2
-    assert "implicit queries run in one process" in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()

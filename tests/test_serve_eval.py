@@ -23,11 +23,14 @@ import pytest
 from conftest import FAST_SIM
 from trajrag import config
 from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray, job_config
+from trajrag.retrieval.retriever import load_retriever
 from trajrag.distributed.serve_planner import (PLANNER, RETRIEVER, app_name, deploy_planner_app, http_url,
                                               replica_actor_names)
 from trajrag.world.datasets import load_episodes, load_scenes
 
-SCENES, EPISODES = "procedural:val:2", "generated:2"
+# Homes the session's small memory walked (nav_memory: procedural:train:3), so that the served
+# planner prices where those walks saw the goal (retrieval.home_goals) as the in-process one does.
+SCENES, EPISODES = "procedural:train:2", "generated:2"
 
 
 def _free_port() -> int:
@@ -126,7 +129,10 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
     records = read_records(tmp_path / "ray" / "trajrag" / "episodes.jsonl")
     assert_each_once(records, planned)
 
-    # The same episodes in one process, with the in-process planner: the same walks.
+    # The same episodes in one process, with the in-process planner: the same walks, also where
+    # the memory's walks of the home saw the goal (the evaluators asked the app for those places).
+    retriever = load_retriever(settings)
+    assert any(len(retriever.home_goal_points(e.scene_key, e.object_category)) for e in episodes)
     local = evaluate_agent("trajrag", lambda: make_agent("trajrag", settings), GridSimulator(settings.sim),
                            episodes, scenes, tmp_path / "local", settings.episodes, progress=False)
     by_key = {(r["scene_key"], r["episode_id"]): r for r in read_records(tmp_path / "local" / "trajrag" / "episodes.jsonl")}

@@ -99,10 +99,19 @@ def output_folder(location: str | Path) -> Iterator[Path]:
     URI a scratch folder filled first with what the URI already holds (a resumed evaluation reads
     its earlier records) and uploaded on the way out, also after an error, so whatever was
     finished is kept. Only the files this block created or changed are uploaded: jobs writing
-    other files into the same URI (evaluation shards) do not overwrite each other's."""
+    other files into the same URI (evaluation shards) do not overwrite each other's. A local
+    folder this block made and left empty is removed when it fails: a refused command leaves no
+    folder behind."""
     if not is_uri(location):
-        Path(location).mkdir(parents=True, exist_ok=True)
-        yield Path(location)
+        folder = Path(location)
+        made = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            yield folder
+        except BaseException:
+            if made and not any(folder.iterdir()):
+                folder.rmdir()
+            raise
         return
     with tempfile.TemporaryDirectory(prefix="trajrag-out-", dir=_cache_root()) as scratch:
         local = Path(scratch) / "out"

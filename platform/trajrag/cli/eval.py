@@ -207,7 +207,7 @@ def _check_options(args: argparse.Namespace, runs: list[EvalRun]) -> None:
     """Options that do not go together, and an --out that cannot be a folder, refused before
     anything is read."""
     output_folder(args.out, "--out")
-    known_homes.check_options(args, _distributed(args))
+    known_homes.check_options(args)
     if args.lifelong and args.store:
         output_folder(args.store, "--store")
     elif args.store and "://" not in args.store and not Path(args.store).is_dir():
@@ -262,30 +262,35 @@ def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], 
                  out: Path, known: known_homes.KnownHomes) -> dict:
     """Each run as a Ray evaluation job (``distributed.evaluate.evaluate_ray``), on one Ray
     (``ray_job``: ``_ray_job``'s shard and job config). Under --revisit each evaluator makes the
-    known-homes agent (its home's memory read in the evaluator, no Serve app)."""
+    known-homes agent (its home's memory read in the evaluator, no Serve app); an implicit run's
+    evaluators wrap their agent in the needs resolved here."""
     from trajrag.distributed.evaluate import SERVED_PLANNERS, evaluate_ray, pending_episodes, ray_for_eval
 
     shard, cfg = ray_job
     pending = [r.planner for r in runs if pending_episodes(r.label, episodes, out, shard)]
     served = known.plan is None and any(planner in SERVED_PLANNERS for planner in pending)
-    if served:
-        known_homes.warn_of_walked_homes([r for r in runs if r.planner in SERVED_PLANNERS], episodes)
     summaries = {}
     # One Ray for every run with episodes left; finished runs are only summarised.
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
         for run in runs:
             summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.settings,
                                    workers=args.workers, shard=shard, progress=not args.json,
-                                   make_agent=None if known.plan is None else _agent_factory(known, run))
+                                   make_agent=known.home_agent_factory(run.planner, run.settings, _registry_agent(run)),
+                                   wrap_agent=known.query_wrapper(run.settings))
             summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
     return summaries
 
 
 def _agent_factory(known: known_homes.KnownHomes, run: EvalRun):
     """A function making ``run``'s agent (the registry's, as the known-homes options change it)."""
+    return known.agent_factory(run.planner, run.settings, _registry_agent(run))
+
+
+def _registry_agent(run: EvalRun):
+    """``settings -> run's agent`` as the registry makes it."""
     from trajrag.agent.registry import make_agent
 
-    return known.agent_factory(run.planner, run.settings, lambda settings: make_agent(run.planner, settings))
+    return lambda settings: make_agent(run.planner, settings)
 
 
 def _check_goals(episodes, runs: list[EvalRun], vocabulary: Sequence[str]) -> None:

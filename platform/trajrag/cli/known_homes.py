@@ -18,7 +18,7 @@ from trajrag.agent.collect import POLICIES, collector_settings
 from trajrag.agent.corpus import collect_into
 from trajrag.agent.evaluate import write_json
 from trajrag.agent.names import RETRIEVING_AGENTS
-from trajrag.memory.store import CHUNKS, MemoryStore
+from trajrag.memory.store import MemoryStore
 from trajrag.cli import UserError
 from trajrag.config import Settings
 from trajrag.queries import EXPLICIT, IMPLICIT, KINDS, QueryConfig, QueryError
@@ -37,7 +37,7 @@ GLOBAL_QUESTIONS = "global_questions.json"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "known homes", "the revisit benchmark and Embodied-RAG's query kinds (docs/known_homes.md; --revisit "
-        "runs alone or with --workers N on this machine, implicit queries in one process)")
+        "runs alone or with --workers N on this machine, implicit queries wherever eval runs)")
     group.add_argument("--revisit", type=int, default=0, metavar="K",
                        help="before each home's episodes, that home's own memory (<out>/revisit/<home>) holds K "
                        "earlier walks of it (corpus policies, never the evaluated episodes; configs/revisit.yaml); "
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(<out>/revisit/{GLOBAL_QUESTIONS})")
 
 
-def check_options(args: argparse.Namespace, distributed: bool) -> None:
+def check_options(args: argparse.Namespace) -> None:
     """What the known-homes options refuse, before anything is read."""
     if args.revisit < 0:
         raise UserError(f"--revisit must be >= 0 earlier walks per home, got {args.revisit}")
@@ -63,8 +63,6 @@ def check_options(args: argparse.Namespace, distributed: bool) -> None:
     if args.revisit and args.lifelong:
         raise UserError("--lifelong is not available with --revisit (each home's memory is built before its "
                         "episodes; lifelong insertion into it is not implemented)")
-    if distributed and args.queries != EXPLICIT:
-        raise UserError("implicit queries run in one process: drop --workers/--shard/--ray-address")
     if args.revisit and (args.shard or args.ray_address or args.distributed):
         raise UserError("--revisit's memories are built under --out on this machine, which evaluators elsewhere "
                         "cannot read: run it here, alone or with --workers N, without --shard/--ray-address")
@@ -101,19 +99,31 @@ class KnownHomes:
     report: dict = field(default_factory=dict)
 
     def agent_factory(self, planner: str, settings: Settings, make_agent: Callable[[Settings], Any]):
-        """A function making the run's agent: ``make_agent(settings)`` with, under --revisit, a
-        retrieving planner's memory being its home's, and implicit runs asked needs. Picklable
-        without implicit queries (``--revisit --workers N`` hands it to each evaluator)."""
-        implicit = settings.queries.kind == IMPLICIT
+        """A function making the run's agent in this process: ``make_agent(settings)`` with the
+        changes of ``home_agent_factory`` and ``query_wrapper``."""
+        make_home_agent = self.home_agent_factory(planner, settings, make_agent)
+        wrap = self.query_wrapper(settings)
 
         def make():
-            if self.plan is not None and planner in RETRIEVING_AGENTS:
-                agent = PerHomeAgent(lambda home: make_agent(
-                    settings.with_values({"retrieval.store": self.memories.uri(home)})))
-            else:
-                agent = make_agent(settings)
-            return ImplicitQueryAgent(agent, self.implicit) if implicit else agent
+            agent = make_home_agent() if make_home_agent else make_agent(settings)
+            return wrap(agent) if wrap else agent
         return make
+
+    def home_agent_factory(self, planner: str, settings: Settings, make_agent: Callable[[Settings], Any]):
+        """Under --revisit, a function making a retrieving planner's agent whose memory is its
+        home's (picklable: ``--revisit --workers N`` hands it to each evaluator); else None."""
+        if self.plan is None or planner not in RETRIEVING_AGENTS:
+            return None
+        memories = self.memories
+        return lambda: PerHomeAgent(lambda home: make_agent(settings.with_values({"retrieval.store": memories.uri(home)})))
+
+    def query_wrapper(self, settings: Settings):
+        """For a run asked implicit queries, a function wrapping its agent in ``ImplicitQueryAgent``
+        (the needs resolved in advance: it pickles small to evaluators anywhere); else None."""
+        if settings.queries.kind != IMPLICIT:
+            return None
+        implicit = self.implicit
+        return lambda agent: ImplicitQueryAgent(agent, implicit)
 
 
 def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> KnownHomes:
@@ -126,7 +136,8 @@ def prepare(args: argparse.Namespace, runs: Sequence[Any], scenes, episodes) -> 
     if unknown:
         raise UserError(f"queries.kind {unknown[0]!r}: choose one of {list(KINDS)}")
     if IMPLICIT in kinds:
-        known.implicit = implicit_queries(settings.queries, settings.encoder.node, settings.episodes.goal_categories)
+        known.implicit = implicit_queries(settings.queries, settings.encoder.node,
+                                          settings.episodes.goal_categories).answered_in_advance()
         try:
             known.implicit.check_categories(sorted({e.object_category for e in episodes}))
         except QueryError as exc:
@@ -228,21 +239,3 @@ def answer_global_questions(memories, scenes, settings: Settings) -> dict:
 
 def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def warn_of_walked_homes(runs: Sequence[Any], episodes) -> None:
-    """A served run whose memory has walked an evaluated home: say that the Serve app prices no
-    known-home places there (``retrieval.home_goals``), unlike a run in one process."""
-    homes = {e.scene_key for e in episodes}
-    for store_uri in sorted({r.settings.retrieval.store for r in runs
-                             if r.settings.retrieval.home_goals and r.settings.retrieval.store}):
-        store = MemoryStore(store_uri, read_only=True)
-        try:
-            walked = sorted(homes & set(store.read(CHUNKS, ["scene_hint"]).column("scene_hint").to_pylist()))
-        finally:
-            store.close()
-        if walked:
-            print(f"warning: the memory {store_uri} has walked {len(walked)} of the evaluated homes ({walked[0]}"
-                  f"{', ...' if len(walked) > 1 else ''}); the Serve app of --workers prices no known-home places "
-                  "(retrieval.home_goals), so their episodes may walk otherwise than in one process: run without "
-                  "--workers, or use --revisit K --workers N", file=sys.stderr)

@@ -143,14 +143,16 @@ class EvalItem:
 class EvaluatorWorker:
     """An evaluator actor: one simulator and one agent (navigator + planner), made from the
     driver's ``settings``, or by the driver's ``make_agent`` (a known-homes agent, which reads
-    each home's memory in the evaluator: ``trajrag eval --revisit K --workers N``)."""
+    each home's memory in the evaluator: ``trajrag eval --revisit K --workers N``), and wrapped
+    by the driver's ``wrap_agent`` where one is given (implicit queries)."""
 
     def __init__(self, planner: str, settings: Settings, serve_app: str | None,
                  serve_cfg: PlannerServeConfig, scene_cache: int, fault: EvalFaultPlan | None = None,
-                 make_agent: Callable[[], Any] | None = None) -> None:
+                 make_agent: Callable[[], Any] | None = None, wrap_agent: Callable[[Any], Any] | None = None) -> None:
         self.sim = GridSimulator(settings.sim)
         self.episode_cfg = settings.episodes
-        self.agent = make_agent() if make_agent else make_evaluator_agent(planner, settings, serve_app, serve_cfg)
+        agent = make_agent() if make_agent else make_evaluator_agent(planner, settings, serve_app, serve_cfg)
+        self.agent = wrap_agent(agent) if wrap_agent else agent
         self.fault = fault
         self.scenes = SceneCache(scene_cache)
         self.finished = 0
@@ -186,8 +188,9 @@ def make_evaluator_agent(planner: str, settings: Settings, serve_app: str | None
         wants_place = bool(settings.retrieval.project_goal)
         scoring = settings.scoring
         value = load_value_model(scoring.value_model, settings.navigator.vocabulary, scoring)
-        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value), settings,
-                              seed=0)
+        home = scoring if settings.retrieval.home_goals else None  # the app prices known-home places
+        return make_navigator(RemotePlanner(serve_app, serve_cfg, wants_place=wants_place, value=value, home=home),
+                              settings, seed=0)
 
     return make_agent(planner, settings)
 
@@ -448,7 +451,8 @@ def ray_for_eval(address: str | None, cfg: EvalJobConfig, served: bool) -> Itera
 def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequence[Any], out_dir: Path | str,
                  settings: Settings, *, workers: int | None = None, shard: tuple[int, int] | None = None,
                  progress: bool = True, ray_address: str | None = None, faults: EvalFaultPlan | None = None,
-                 on_record: Callable[[dict], None] | None = None, make_agent: Callable[[], Any] | None = None) -> dict:
+                 on_record: Callable[[dict], None] | None = None, make_agent: Callable[[], Any] | None = None,
+                 wrap_agent: Callable[[Any], Any] | None = None) -> dict:
     """Evaluate ``planner`` made from ``settings`` on ``episodes`` (the ``shard`` range of them)
     with ``workers`` evaluator actors (default ``eval_job.evaluators``); records under
     ``<out_dir>/<label>/``.
@@ -458,7 +462,8 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
     the job's counts, ``episodes_per_h``, seconds per stage, Serve latencies and fault handling.
     ``on_record(record)`` runs in the driver after each record is written. ``make_agent``: each
     evaluator's agent made by it instead (pickled to the actors; no Serve app: a retrieving
-    planner retrieves inside the evaluator).
+    planner retrieves inside the evaluator). ``wrap_agent(agent)``: each evaluator's agent as the
+    run asks it (pickled too; e.g. ``ImplicitQueryAgent``).
     """
     started = time.perf_counter()
     cfg = job_config(settings.eval_job, workers)
@@ -481,7 +486,7 @@ def evaluate_ray(label: str, planner: str, scenes: Sequence[Any], episodes: Sequ
             app, deployed, deploy_s = _deploy(settings, cfg.serve)
         try:
             pipe = _run_pipeline(cfg, label, planner, settings, scenes, episodes, todo, app, run,
-                                 done, progress, faults, on_record, make_agent) if todo else None
+                                 done, progress, faults, on_record, make_agent, wrap_agent) if todo else None
         finally:
             if deployed and not cfg.serve.keep_app:
                 delete_planner_app(app)
@@ -520,7 +525,7 @@ def _deploy(settings: Settings, serve_cfg: PlannerServeConfig) -> tuple[str, boo
 def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settings, scenes: Sequence[Any],
                   episodes: Sequence[Any], todo: list[int], app: str | None, run: ShardedRun, done: dict,
                   progress: bool, faults: EvalFaultPlan | None, on_record: Callable[[dict], None] | None,
-                  make_agent: Callable[[], Any] | None) -> _EvalPipeline:
+                  make_agent: Callable[[], Any] | None, wrap_agent: Callable[[Any], Any] | None) -> _EvalPipeline:
     from tqdm import tqdm
 
     needed = {episodes[i].scene_key for i in todo}
@@ -533,7 +538,8 @@ def _run_pipeline(cfg: EvalJobConfig, label: str, planner: str, settings: Settin
     made: list[Any] = []
 
     def make_evaluator() -> Any:
-        actor = evaluator_cls.remote(planner, settings, app, cfg.serve, cfg.scene_cache, faults, make_agent)
+        actor = evaluator_cls.remote(planner, settings, app, cfg.serve, cfg.scene_cache, faults, make_agent,
+                                     wrap_agent)
         made.append(actor)
         return actor
 

@@ -47,7 +47,8 @@ from trajrag.distributed.shards import first_line
 from trajrag.memory.store import MemoryStore
 from trajrag.planners.base import PlannerContext, RetrievalTimings
 from trajrag.planners.frontier_value import candidate_features, load_value_model
-from trajrag.planners.scoring import ScoringPlanner, with_kept_points
+from trajrag.planners.scoring import (ScoringConfig, ScoringPlanner, unvisited_home_points, with_home_points,
+                                      with_kept_points)
 from trajrag.retrieval.retriever import load_retriever
 from trajrag.retrieval.types import DecisionRetrieval, Experience
 from trajrag.topo.candidates import CandidatePath, MapPlace
@@ -194,6 +195,23 @@ def kept_points_from_request(request: Mapping[str, Any]) -> np.ndarray:
         raise PlannerRequestError("decision request: 'goal_points' must be a list of [x, y]") from None
 
 
+def home_points_from_request(request: Mapping[str, Any]) -> np.ndarray:
+    """The unvisited places where the memory's walks of this home saw the goal, float (P, 2)
+    (``"home_points"``, sent by an evaluator in a home the memory has walked; none when absent)."""
+    try:
+        return np.asarray(request.get("home_points") or [], dtype=float).reshape(-1, 2)
+    except (TypeError, ValueError):
+        raise PlannerRequestError("decision request: 'home_points' must be a list of [x, y]") from None
+
+
+def home_lookup_from_request(request: Any) -> tuple[str, str]:
+    """``(scene, goal)`` of a ``home_goal_points`` request; ``PlannerRequestError`` when malformed."""
+    scene, goal = (request.get("scene"), request.get("goal")) if isinstance(request, Mapping) else (None, None)
+    if not (isinstance(scene, str) and scene and isinstance(goal, str) and goal):
+        raise PlannerRequestError("home goal points request: 'scene' and 'goal' must be non-empty strings")
+    return scene, goal
+
+
 def retrieval_to_dict(retrieval: DecisionRetrieval) -> dict:
     """A ``DecisionRetrieval`` as plain lists and scalars (label ids as string keys)."""
     return {
@@ -249,6 +267,12 @@ class RetrieverDeployment:
         with self.lock:
             return retrieval_to_dict(self.retriever.retrieve(trajectories, goal, place))
 
+    def home_goal_points(self, request: Mapping[str, Any]) -> list:
+        """``{"scene", "goal"}`` -> the retriever's ``home_goal_points`` as ``[[x, y], ...]``."""
+        scene, goal = home_lookup_from_request(request)
+        with self.lock:
+            return self.retriever.home_goal_points(scene, goal).tolist()
+
 
 class PlannerDeployment:
     """A replica of the planner (the app's ingress): scoring over the Retriever's answer.
@@ -286,12 +310,24 @@ class PlannerDeployment:
                                f"for {len(trajectories)}")
         if self.scorer.cfg.keep_goal_points:  # the episode's points travel with its requests
             retrieval = with_kept_points(retrieval, kept_points_from_request(request))
-        scores = self.scorer.score(ctx, retrieval, value_features_from_request(request, self.scorer.value))
         points = None if retrieval.goal_points is None else np.asarray(retrieval.goal_points).tolist()
+        retrieval = with_home_points(retrieval, home_points_from_request(request))
+        scores = self.scorer.score(ctx, retrieval, value_features_from_request(request, self.scorer.value))
         return {"choice": int(np.argmax(scores)), "scores": [float(s) for s in scores],
                 "retrieval_ms": retrieval.total_ms, "coarse_ms": retrieval.coarse_ms,
                 "encode_ms": retrieval.encode_ms, "fine_ms": retrieval.fine_ms,
                 "planner_ms": (time.perf_counter() - started) * 1e3, "goal_points": points}
+
+    async def home_goal_points(self, request: Mapping[str, Any]) -> list:
+        """``{"scene", "goal"}`` -> where the memory's walks of that home saw the goal, ``[[x, y],
+        ...]`` map-frame metres (``Retriever.home_goal_points``): an evaluator asks once per
+        episode, keeps the places it has not searched yet and sends them with each decision
+        (``"home_points"``), as the in-process planner does with its own."""
+        if self.local is None:
+            return await self.retriever.home_goal_points.remote(request)
+        scene, goal = home_lookup_from_request(request)
+        with self.lock:
+            return self.local.home_goal_points(scene, goal).tolist()
 
     async def __call__(self, http_request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -469,16 +505,21 @@ class RemotePlanner(RetrievalTimings):
     format and scoring) and ``serve_retries``.
     Failed requests (a replica died, a timeout) are retried with exponential backoff for up to
     ``cfg.request_retry_s``; then ``ServeUnavailableError``. Malformed requests are not retried.
+    ``home``: the scoring section when the app prices known-home places (``retrieval.home_goals``):
+    at an episode's first decision the client asks where the memory's walks of its home saw the
+    goal, and sends those it has not searched yet with every decision (it holds the map).
     """
 
     name = "trajrag"
 
     def __init__(self, app: str, cfg: PlannerServeConfig, handle: Any = None, wants_place: bool = False,
-                 value: Any = None) -> None:
+                 value: Any = None, home: ScoringConfig | None = None) -> None:
         self.app, self.cfg, self._handle = app, cfg, handle
         self.wants_place = wants_place  # the app's retriever projects the goal (sends ctx.place)
         self.value = value  # the app's frontier value model: its features come from this side's map
+        self.home = home
         self.goal_points: list | None = None  # the episode's projected goal points, from the app
+        self.home_points: np.ndarray | None = None  # where this home's walks saw the goal, not yet visited
         self.goal = ""
         self.reset_timings()
         self.last_answer: dict | None = None
@@ -487,6 +528,7 @@ class RemotePlanner(RetrievalTimings):
         self.goal = goal
         self.reset_timings()
         self.goal_points = None
+        self.home_points = None
 
     def reset_timings(self) -> None:
         super().reset_timings()
@@ -502,6 +544,8 @@ class RemotePlanner(RetrievalTimings):
 
     def choose(self, ctx: PlannerContext) -> int:
         payload = {**decision_request(ctx, self.value), "goal_points": self.goal_points}
+        if self.home is not None:
+            payload["home_points"] = self._unvisited_home_points(ctx).tolist()
         answer = self.request(payload)
         self.goal_points = answer.get("goal_points") or self.goal_points
         choice = int(answer["choice"])
@@ -513,16 +557,30 @@ class RemotePlanner(RetrievalTimings):
         self.serve_overhead_ms.append(self.serve_ms[-1] - self.retrieval_ms[-1])
         return choice
 
+    def _unvisited_home_points(self, ctx: PlannerContext) -> np.ndarray:
+        """As ``ScoringPlanner._unvisited_home_points``, the places asked of the app."""
+        if self.home_points is None:  # the episode's first decision
+            found, _ms = self._call("home_goal_points", {"scene": ctx.trajectory.scene_id, "goal": ctx.goal})
+            self.home_points = np.asarray(found, dtype=float).reshape(-1, 2)
+        self.home_points = unvisited_home_points(self.home_points, ctx, self.home)
+        return self.home_points
+
     def request(self, payload: dict) -> dict:
         """Send one decision request and return the answer (retrying as the class says)."""
+        answer, ms = self._call("decide", payload)
+        self.serve_ms.append(ms)
+        return answer
+
+    def _call(self, method: str, payload: dict) -> tuple[Any, float]:
+        """``method(payload)`` on the app's ingress, retried as the class says: (the answer, the
+        round trip of the try that got it, ms)."""
         deadline = time.monotonic() + self.cfg.request_retry_s
         attempt = 0
         while True:
             started = time.perf_counter()
             try:
-                answer = self.handle().decide.remote(payload).result(timeout_s=self.cfg.request_timeout_s)
-                self.serve_ms.append((time.perf_counter() - started) * 1e3)
-                return answer
+                answer = getattr(self.handle(), method).remote(payload).result(timeout_s=self.cfg.request_timeout_s)
+                return answer, (time.perf_counter() - started) * 1e3
             except Exception as exc:  # noqa: BLE001 - sorted by is_transient below
                 if not is_transient(exc):
                     raise

@@ -188,6 +188,17 @@ def sample_pairs(group: np.ndarray, goal: np.ndarray, rng: np.random.Generator,
     return np.asarray(anchors, dtype=np.int64), np.asarray(positives, dtype=np.int64)
 
 
+def pairable_chunks(group: np.ndarray, goal: np.ndarray, fallback: str = "goal") -> int:
+    """How many chunks ``sample_pairs`` makes anchors in every epoch, whatever its draws: those
+    with a group-mate, and the rest that ``fallback`` always pairs (a goal-mate under ``goal`` and
+    ``goal_or_crop``; every chunk under ``crop``). An epoch has at least this many pairs."""
+    if fallback == "crop":
+        return len(group)
+    _, group_of, group_size = np.unique(group, return_inverse=True, return_counts=True)
+    _, goal_of, goal_size = np.unique(goal, return_inverse=True, return_counts=True)
+    return int(np.sum((group_size[group_of] > 1) | (goal_size[goal_of] > 1)))
+
+
 def crop_sequence(seq: np.ndarray, rng: np.random.Generator, min_fraction: float) -> np.ndarray:
     """A random contiguous run of ``seq``'s rows: at least ``min_fraction`` of them and at least
     2 (or all, for shorter sequences). Walks through one place share such runs."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -42,6 +43,7 @@ from trajrag.encoder.data import (
     EncodedSet,
     crop_sequence,
     encode_records,
+    pairable_chunks,
     read_records,
     sample_pairs,
     split_scenes,
@@ -356,11 +358,29 @@ def run_trainer(data: EncodedSet | Any, cfg: EncoderConfig, storage: str, run_na
         try:
             result = trainer.fit()
         except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors in several types
-            raise EncoderError(f"encoder training run {run_name} failed: "
-                               f"{str(exc).strip().splitlines()[0][:500]}") from exc
+            raise EncoderError(f"encoder training run {run_name} failed: {_ray_error(exc)}") from exc
     if getattr(result, "error", None) is not None or result.checkpoint is None:
         raise EncoderError(f"encoder training run {run_name} failed: {result.error}")
     return result
+
+
+def _check_pairs(data: EncodedSet, cfg: EncoderConfig, workers: int, scenes: int) -> None:
+    """Refuse, before Ray starts, a training set whose epochs may give a worker no pair."""
+    pairable = pairable_chunks(data.group, data.goal_code, cfg.train.positive_fallback)
+    if pairable < workers:
+        raise EncoderError(
+            f"the {len(data.group)} training chunks of {scenes} scene(s) hold {pairable} that pair in every epoch "
+            f"(a chunk pairs with another of its summary group, else as encoder.train.positive_fallback="
+            f"{cfg.train.positive_fallback} says), fewer than the {workers} worker(s): collect more walks with "
+            "`trajrag corpus build`, or train with fewer --workers")
+
+
+def _ray_error(exc: Exception) -> str:
+    """The line of a Ray Train failure that says what went wrong: the worker's own exception line
+    where Ray quotes its traceback, else Ray's first line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*:", line)]
+    return (raised[-1] if raised else lines[0] if lines else type(exc).__name__)[:500]
 
 
 def _storage(cfg: EncoderConfig, out_dir: str | Path) -> str:
@@ -416,6 +436,7 @@ def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, work
         say(f"fine-tuning {cfg.train.init_model} (encoder {start['encoder_version']})")
     t0 = time.perf_counter()
     data = encode_records(train_records, names, node_encoder)
+    _check_pairs(data, cfg, workers, len(train_scenes))
     node_encoder.save_cache(out / NODE_CACHE)
     say(f"node encoder: {len(data.node_emb)} distinct nodes ({node_encoder.misses} encoded) "
         f"in {time.perf_counter() - t0:.1f} s")

@@ -112,10 +112,7 @@ class ScoringPlanner(RetrievalTimings):
             retrieval = with_kept_points(retrieval, self.goal_points)
             if retrieval.goal_points is not None:
                 self.goal_points = retrieval.goal_points
-        home = self._unvisited_home_points(ctx)
-        if len(home):
-            known = np.zeros((0, 2)) if retrieval.goal_points is None else retrieval.goal_points
-            retrieval = replace(retrieval, goal_points=np.vstack([np.reshape(known, (-1, 2)), home]))
+        retrieval = with_home_points(retrieval, self._unvisited_home_points(ctx))
         self.last_retrieval = retrieval
         self.add_timings(retrieval.total_ms, retrieval.coarse_ms, retrieval.encode_ms)
         scores = self.score(ctx, retrieval)
@@ -123,22 +120,12 @@ class ScoringPlanner(RetrievalTimings):
         return int(np.argmax(scores))
 
     def _unvisited_home_points(self, ctx: PlannerContext) -> np.ndarray:
-        """float (P, 2) map-frame metres: the places where the memory's walks of this home saw the
-        goal, less those searched without finding it: within ``forget_home_point_m`` of a node
-        walked, or with ``forget_explored_share`` of the map that near them explored (as the
-        semantic forest forgets its places: ``planners.embodied_rag``)."""
+        """``unvisited_home_points`` of the places where the memory's walks of this home saw the
+        goal, read from the retriever at the episode's first decision."""
         if self.home_points is None:  # the episode's first decision
-            lookup = getattr(self.retriever, "home_goal_points", None)  # a Serve client has none
+            lookup = getattr(self.retriever, "home_goal_points", None)  # the Serve app's scorer has none
             self.home_points = np.zeros((0, 2)) if lookup is None else lookup(ctx.trajectory.scene_id, ctx.goal)
-        if not len(self.home_points):
-            return self.home_points
-        walked = np.asarray(ctx.trajectory.node_xy, dtype=float).reshape(-1, 2)
-        if len(walked):
-            gaps = np.linalg.norm(self.home_points[:, None, :] - walked[None, :, :], axis=2).min(axis=1)
-            self.home_points = self.home_points[gaps > self.cfg.forget_home_point_m]
-        unexplored = [explored_share(ctx.sem_map, p, self.cfg.forget_home_point_m) < self.cfg.forget_explored_share
-                      for p in self.home_points]
-        self.home_points = self.home_points[np.asarray(unexplored, dtype=bool)].reshape(-1, 2)
+        self.home_points = unvisited_home_points(self.home_points, ctx, self.cfg)
         return self.home_points
 
     def score(self, ctx: PlannerContext, retrieval: DecisionRetrieval,
@@ -188,6 +175,31 @@ def goal_beyond(ctx: PlannerContext, goal_points: np.ndarray | None) -> np.ndarr
     frontiers = np.array([ctx.frontiers[c.frontier_index].centroid_xy for c in ctx.candidates], dtype=float)
     gaps = np.linalg.norm(frontiers[:, None, :] - np.asarray(goal_points, dtype=float)[None, :, :], axis=2)
     return gaps.min(axis=1)
+
+
+def unvisited_home_points(points: np.ndarray, ctx: PlannerContext, cfg: ScoringConfig) -> np.ndarray:
+    """float (P, 2) map-frame metres: ``points`` (where the memory's walks of this home saw the
+    goal) less those searched without finding it: within ``forget_home_point_m`` of a node
+    walked, or with ``forget_explored_share`` of the map that near them explored (as the
+    semantic forest forgets its places: ``planners.embodied_rag``)."""
+    if not len(points):
+        return points
+    walked = np.asarray(ctx.trajectory.node_xy, dtype=float).reshape(-1, 2)
+    if len(walked):
+        gaps = np.linalg.norm(points[:, None, :] - walked[None, :, :], axis=2).min(axis=1)
+        points = points[gaps > cfg.forget_home_point_m]
+    unexplored = [explored_share(ctx.sem_map, p, cfg.forget_home_point_m) < cfg.forget_explored_share
+                  for p in points]
+    return points[np.asarray(unexplored, dtype=bool)].reshape(-1, 2)
+
+
+def with_home_points(retrieval: DecisionRetrieval, home: np.ndarray) -> DecisionRetrieval:
+    """``retrieval`` whose goal points also hold the unvisited ``home`` places (float (P, 2), map
+    frame, metres); unchanged without any."""
+    if not len(home):
+        return retrieval
+    known = np.zeros((0, 2)) if retrieval.goal_points is None else retrieval.goal_points
+    return replace(retrieval, goal_points=np.vstack([np.reshape(known, (-1, 2)), home]))
 
 
 def with_kept_points(retrieval: DecisionRetrieval, kept: np.ndarray) -> DecisionRetrieval:

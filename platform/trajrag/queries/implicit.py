@@ -5,7 +5,9 @@
 and every goal category's words and picks the nearest category by cosine. An implicit episode
 asks one need of its own category (a stable draw); ``ImplicitQueryAgent`` hands the navigator the
 episode with the *resolved* category as its goal, while the simulator still scores the episode's
-own category: a wrong resolution is a failed episode, as it would be for a robot.
+own category: a wrong resolution is a failed episode, as it would be for a robot. An evaluation
+resolves the whole table before its episodes (``ImplicitQueries.answered_in_advance``), so its
+evaluators, in this process or on Ray, are handed answers, not the text encoder.
 """
 
 from __future__ import annotations
@@ -51,13 +53,29 @@ class NeedResolver:
         return [self._resolved[n] for n in needs]
 
 
+class ResolvedNeeds:
+    """A resolver whose answers were given in advance: each of ``needs`` resolved alone by
+    ``resolver`` (as an episode asks it, so the answers are those it would give one at a time).
+    Plain data: it pickles small to evaluator actors."""
+
+    def __init__(self, resolver: NeedResolver, needs: Sequence[str]) -> None:
+        self._resolved = {need: resolver.resolve(need) for need in dict.fromkeys(needs)}
+
+    def resolve(self, need: str) -> tuple[str, float]:
+        return self._resolved[need]
+
+
 class ImplicitQueries:
     """The table of needs (category -> needs, ``queries.implicit``) and the resolver that answers them."""
 
-    def __init__(self, table: dict[str, list[str]], resolver: NeedResolver) -> None:
+    def __init__(self, table: dict[str, list[str]], resolver: NeedResolver | ResolvedNeeds) -> None:
         self.table = {str(category): [str(n) for n in needs] for category, needs in table.items()}
         self.intended = {need: category for category, needs in self.table.items() for need in needs}
         self.resolver = resolver
+
+    def answered_in_advance(self) -> ImplicitQueries:
+        """The same queries with every need of the table already resolved (``ResolvedNeeds``)."""
+        return ImplicitQueries(self.table, ResolvedNeeds(self.resolver, list(self.intended)))
 
     def check_categories(self, categories: Sequence[str]) -> None:
         """``QueryError`` naming each goal category the table has no need for (implicit episodes
