@@ -239,7 +239,8 @@ def test_the_planner_app_keeps_no_episode_state_its_client_sends_the_goal_points
 def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_do(nav_memory):
     import asyncio
 
-    from trajrag.distributed.serve_planner import PlannerDeployment, RetrieverDeployment, decision_request
+    from trajrag.distributed.serve_planner import (PlannerDeployment, PlannerRequestError, RetrieverDeployment,
+                                                  decision_request)
     from trajrag.planners.base import PlannerContext
     from trajrag.topo.candidates import CandidatePath
 
@@ -256,10 +257,24 @@ def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_
     async def remote(payload):  # the Retriever deployment's handle, without Ray
         return retriever.retrieve(payload)
 
-    two = asyncio.run(PlannerDeployment(SimpleNamespace(retrieve=SimpleNamespace(remote=remote)), settings).decide(request))
-    alone = asyncio.run(PlannerDeployment(None, settings).decide(request))  # serve.retriever_in_planner
+    async def remote_home(payload):
+        return retriever.home_goal_points(payload)
+
+    handle = SimpleNamespace(retrieve=SimpleNamespace(remote=remote), home_goal_points=SimpleNamespace(remote=remote_home))
+    two_app, alone_app = PlannerDeployment(handle, settings), PlannerDeployment(None, settings)  # the latter: serve.retriever_in_planner
+    two, alone = asyncio.run(two_app.decide(request)), asyncio.run(alone_app.decide(request))
     assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
     assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]
+    # In a home the memory walked, an evaluator asks where its walks saw the goal, and sends them back
+    lookup = {"scene": walk.scene_id, "goal": walk.goal}
+    places = asyncio.run(alone_app.home_goal_points(lookup))
+    assert places and asyncio.run(two_app.home_goal_points(lookup)) == places
+    assert places == retriever.retriever.home_goal_points(walk.scene_id, walk.goal).tolist()
+    home_two, home_alone = (asyncio.run(app.decide({**request, "home_points": places})) for app in (two_app, alone_app))
+    assert home_alone["scores"] == pytest.approx(home_two["scores"], abs=1e-12) != alone["scores"]  # the places priced
+    assert home_alone["goal_points"] == alone["goal_points"]  # what the client keeps: its own places stay its own
+    with pytest.raises(PlannerRequestError, match="'scene' and 'goal'"):
+        asyncio.run(alone_app.home_goal_points({"goal": walk.goal}))
 
 
 @pytest.mark.slow
