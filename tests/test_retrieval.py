@@ -260,8 +260,10 @@ def test_a_planner_replica_that_retrieves_itself_decides_as_the_two_deployments_
     async def remote_home(payload):
         return retriever.home_goal_points(payload)
 
-    handle = SimpleNamespace(retrieve=SimpleNamespace(remote=remote), home_goal_points=SimpleNamespace(remote=remote_home))
-    two_app, alone_app = PlannerDeployment(handle, settings), PlannerDeployment(None, settings)  # the latter: serve.retriever_in_planner
+    handle = SimpleNamespace(retrieve=SimpleNamespace(remote=remote),
+                             home_goal_points=SimpleNamespace(remote=remote_home))
+    # the second retrieves itself (serve.retriever_in_planner)
+    two_app, alone_app = PlannerDeployment(handle, settings), PlannerDeployment(None, settings)
     two, alone = asyncio.run(two_app.decide(request)), asyncio.run(alone_app.decide(request))
     assert alone["choice"] == two["choice"] and alone["scores"] == pytest.approx(two["scores"], abs=1e-12)
     assert alone["coarse_ms"] > 0 and alone["encode_ms"] > 0 and alone["retrieval_ms"] <= alone["planner_ms"]

@@ -115,7 +115,10 @@ class KnownHomes:
         if self.plan is None or planner not in RETRIEVING_AGENTS:
             return None
         memories = self.memories
-        return lambda: PerHomeAgent(lambda home: make_agent(settings.with_values({"retrieval.store": memories.uri(home)})))
+
+        def home_agent(home: str):
+            return make_agent(settings.with_values({"retrieval.store": memories.uri(home)}))
+        return lambda: PerHomeAgent(home_agent)
 
     def query_wrapper(self, settings: Settings):
         """For a run asked implicit queries, a function wrapping its agent in ``ImplicitQueryAgent``
