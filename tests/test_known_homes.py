@@ -213,10 +213,10 @@ def test_eval_revisit_records_k_and_builds_one_memory_per_home(revisit_run, caps
 @pytest.mark.slow
 def test_eval_revisit_and_implicit_queries_on_two_evaluators_walk_as_in_one_process(nav_memory, tmp_path):
     """``--revisit K --queries implicit --workers N``: each evaluator makes the known-homes agent
-    and reads each home's memory itself (no Serve app; frontier: the registry's agent), asks the
-    needs resolved in the driver, and every episode walks step for step as in one process."""
+    and reads each home's memory itself (no Serve app), asks the needs resolved in the driver, and
+    every episode walks step for step as in one process."""
     _store, model_dir = nav_memory
-    argv = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:2", "--planner", "trajrag,frontier",
+    argv = ["eval", "--scenes", "procedural:val:2", "--episodes", "generated:1", "--planner", "trajrag",
             "--revisit", "1", "--queries", "implicit", "--model", model_dir, "--json", *FAST,
             "--set", "revisit.policy=oracle"]
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
@@ -226,10 +226,9 @@ def test_eval_revisit_and_implicit_queries_on_two_evaluators_walk_as_in_one_proc
         records = [json.loads(line) for line in (out / run / "episodes.jsonl").read_text().splitlines()]
         return sorted((r["scene_key"], r["episode_id"], r["actions"], r["outcome"], r.get("query")) for r in records)
 
-    for run in ("trajrag-implicit", "frontier-implicit"):
-        alone, spread = walked(tmp_path / "one", run), walked(tmp_path / "two", run)
-        assert len(alone) == 4 and spread == alone, run
-        assert [query["kind"] for *_, query in spread] == ["implicit"] * 4
+    alone, spread = walked(tmp_path / "one", "trajrag-implicit"), walked(tmp_path / "two", "trajrag-implicit")
+    assert len(alone) == 2 and spread == alone
+    assert [query["kind"] for *_, query in spread] == ["implicit"] * 2
     summary = json.loads((tmp_path / "two" / "trajrag-implicit" / "summary.json").read_text())
     assert summary["planner_calls"] > 0  # the planner decided, reading the homes' memories
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import FAST_SIM
 from trajrag import config
 from trajrag.distributed.evaluate import EvalFaultPlan, evaluate_ray, job_config
-from trajrag.retrieval.retriever import load_retriever
+from trajrag.planners.scoring import shared_retriever
 from trajrag.distributed.serve_planner import (PLANNER, RETRIEVER, app_name, deploy_planner_app, http_url,
                                               replica_actor_names)
 from trajrag.world.datasets import load_episodes, load_scenes
@@ -131,7 +131,7 @@ def test_cli_eval_on_ray_matches_in_process_eval_and_resumes(job, nav_memory, va
 
     # The same episodes in one process, with the in-process planner: the same walks, also where
     # the memory's walks of the home saw the goal (the evaluators asked the app for those places).
-    retriever = load_retriever(settings)
+    retriever = shared_retriever(settings)  # the one the in-process planner below reads
     assert any(len(retriever.home_goal_points(e.scene_key, e.object_category)) for e in episodes)
     local = evaluate_agent("trajrag", lambda: make_agent("trajrag", settings), GridSimulator(settings.sim),
                            episodes, scenes, tmp_path / "local", settings.episodes, progress=False)
