@@ -189,19 +189,20 @@ def place_from_request(request: Mapping[str, Any]) -> Any:
 
 def kept_points_from_request(request: Mapping[str, Any]) -> np.ndarray:
     """The episode's goal points so far, float (P, 2) (``"goal_points"``; none when absent)."""
-    try:
-        return np.asarray(request.get("goal_points") or [], dtype=float).reshape(-1, 2)
-    except (TypeError, ValueError):
-        raise PlannerRequestError("decision request: 'goal_points' must be a list of [x, y]") from None
+    return _points_from_request(request, "goal_points")
 
 
 def home_points_from_request(request: Mapping[str, Any]) -> np.ndarray:
     """The unvisited places where the memory's walks of this home saw the goal, float (P, 2)
     (``"home_points"``, sent by an evaluator in a home the memory has walked; none when absent)."""
+    return _points_from_request(request, "home_points")
+
+
+def _points_from_request(request: Mapping[str, Any], key: str) -> np.ndarray:
     try:
-        return np.asarray(request.get("home_points") or [], dtype=float).reshape(-1, 2)
+        return np.asarray(request.get(key) or [], dtype=float).reshape(-1, 2)
     except (TypeError, ValueError):
-        raise PlannerRequestError("decision request: 'home_points' must be a list of [x, y]") from None
+        raise PlannerRequestError(f"decision request: '{key}' must be a list of [x, y]") from None
 
 
 def home_lookup_from_request(request: Any) -> tuple[str, str]:

@@ -40,6 +40,7 @@ from trajrag import artefacts
 from trajrag import config as config_mod
 from trajrag.encoder import EncoderConfig, EncoderError, torch_device
 from trajrag.encoder.data import (
+    ChunkRecord,
     EncodedSet,
     crop_sequence,
     encode_records,
@@ -364,12 +365,13 @@ def run_trainer(data: EncodedSet | Any, cfg: EncoderConfig, storage: str, run_na
     return result
 
 
-def _check_pairs(data: EncodedSet, cfg: EncoderConfig, workers: int, scenes: int) -> None:
+def _check_pairs(records: list[ChunkRecord], cfg: EncoderConfig, workers: int, scenes: int) -> None:
     """Refuse, before Ray starts, a training set whose epochs may give a worker no pair."""
-    pairable = pairable_chunks(data.group, data.goal_code, cfg.train.positive_fallback)
+    pairable = pairable_chunks(np.array([r.group_id for r in records]), np.array([r.goal for r in records]),
+                               cfg.train.positive_fallback)
     if pairable < workers:
         raise EncoderError(
-            f"the {len(data.group)} training chunks of {scenes} scene(s) hold {pairable} that pair in every epoch "
+            f"the {len(records)} training chunks of {scenes} scene(s) hold {pairable} that pair in every epoch "
             f"(a chunk pairs with another of its summary group, else as encoder.train.positive_fallback="
             f"{cfg.train.positive_fallback} says), fewer than the {workers} worker(s): collect more walks with "
             "`trajrag corpus build`, or train with fewer --workers")
@@ -427,6 +429,7 @@ def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, work
     train_records = [r for r in records if r.scene in keep]
     say(f"{len(train_records)} training chunks from {len(train_scenes)} scenes; "
         f"{len(held_out)} scenes held out")
+    _check_pairs(train_records, cfg, workers, len(train_scenes))  # before minutes of node encoding
     if node_encoder is None:
         node_encoder = NodeEncoder(cfg.node, device=torch_device(cfg.node.device), cache_path=out / NODE_CACHE)
     start: dict = {}
@@ -436,7 +439,6 @@ def _train_into(store: Any, out: Path, storage: str, cfg: EncoderConfig, *, work
         say(f"fine-tuning {cfg.train.init_model} (encoder {start['encoder_version']})")
     t0 = time.perf_counter()
     data = encode_records(train_records, names, node_encoder)
-    _check_pairs(data, cfg, workers, len(train_scenes))
     node_encoder.save_cache(out / NODE_CACHE)
     say(f"node encoder: {len(data.node_emb)} distinct nodes ({node_encoder.misses} encoded) "
         f"in {time.perf_counter() - t0:.1f} s")
