@@ -579,8 +579,11 @@ def test_bench_store_prints_latency_and_size_and_cleans_its_workdir(tmp_path, ca
         assert set(result[f"profile_ms_per_traj_{size}"]) == set(PHASES)
         single = result[f"profile_single_insert_ms_{size}"]
         assert single["commit"] > 0 and single["candidates"] > 0 and single["ransac"] > 0
+        # The walks carry their chunk text, as collectors hand them over: the writer writes none.
+        assert single["describe"] == 0 and result[f"profile_ms_per_traj_{size}"]["describe"] == 0
         assert result[f"fs_write_rename_ms_{size}"] > 0
         assert result[f"chunks_{size}"] > 0.9 * int(size[:-1]) * 1000
+    assert result["chunk_text_ms_per_traj"] > 0  # the collectors' share, reported beside
     assert 0 < result["bytes_per_chunk"] <= 4096  # the memory issue's size goal, no embedding
     assert result["purity"] >= 0.95  # synthetic homes do not merge with one another
     assert result["blas_kernels"] not in ("", "unknown")  # the figures' kernels (FMA or not)

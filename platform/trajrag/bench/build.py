@@ -26,7 +26,6 @@ import numpy as np
 from trajrag.bench import blas_kernels, work_dir
 from trajrag.bench.store import _size_name, _Workload
 from trajrag.config import Settings
-from trajrag.memory.prepare import chunk_description
 from trajrag.ray_cluster import ensure_ray
 
 
@@ -45,12 +44,7 @@ class BuildBenchConfig:
 def _trajectories(n: int, seed: int, per_scene: int) -> list:
     """``n`` synthetic trajectories as collectors hand them over (chunk text attached)."""
     work = _Workload(seed, per_scene)
-    trajs = []
-    for _ in range(n):
-        traj = work.next()
-        traj.description = chunk_description(traj)
-        trajs.append(traj)
-    return trajs
+    return [work.next() for _ in range(n)]
 
 
 def _feed(writer, trajs: list, batch: int, in_flight: int) -> list[tuple[int, float]]:

@@ -22,14 +22,16 @@ either would grow it, and the machine's load falls on both alike. ``reference_*`
 path before; ``speedup_*`` the ratio reference / configured. Growth: ``batch_insert_ms_per_traj_*``
 and ``batch_insert_cpu_ms_per_traj_*`` (wall and process CPU per trajectory), and
 ``profile_ms_per_traj_SIZE``, the growth's ms per trajectory by the phases of
-``memory.grouping.PHASES`` (``describe`` is part of ``prepare``; the rest of a trajectory's time
-is bookkeeping outside them); ``profile_single_insert_ms_SIZE``, the same split of a single
+``memory.grouping.PHASES`` (``describe``, part of ``prepare``, stays 0: see below; the rest of a
+trajectory's time is bookkeeping outside them); ``profile_single_insert_ms_SIZE``, the same split of a single
 committed insert. ``summary_nodes_SIZE``: the nodes the prefilter searches (an inverted file from
 ``memory.ivf_min_nodes``). ``bytes_per_chunk`` is the chunks table's data bytes (LanceDB
 ``stats``) / rows after a compaction, embedding null.
 
 Trajectories are real ``topo.trajectory.TopoPolarTrajectory`` objects, from the synthetic homes
-of ``memory/synthetic.py``.
+of ``memory/synthetic.py``, each with its chunk text attached as the corpus job's collectors
+attach it (``agent.collect``: the text is the collectors' work, not the single writer's;
+``chunk_text_ms_per_traj`` says what it costs them), as ``trajrag bench build`` feeds them.
 
 A single insert's commit is a few small LanceDB appends, each a handful of file writes and
 renames, so on a slow disk the filesystem dominates: ``fs_write_rename_ms_SIZE`` times a 4 KiB
@@ -58,6 +60,7 @@ import numpy as np
 from trajrag.bench import blas_kernels, work_dir, write_rename_ms
 from trajrag.config import Settings
 from trajrag.memory.grouping import PHASES, TrajectoryMemory
+from trajrag.memory.prepare import chunk_description
 from trajrag.memory.stats import corpus_stats
 from trajrag.memory.synthetic import SyntheticScene, synthetic_scene, synthetic_trajectory
 from trajrag.topo.trajectory import TopoPolarTrajectory
@@ -129,13 +132,16 @@ def _per_traj(seconds: Counter, n: int) -> dict[str, float]:
 
 
 class _Workload:
-    """Trajectories for a growing corpus: scene ``s`` appears after ``s * chunks_per_scene`` draws."""
+    """Trajectories for a growing corpus: scene ``s`` appears after ``s * chunks_per_scene`` draws,
+    each with its chunk text attached, as the corpus job's collectors hand them to the writer
+    (``agent.collect``); ``text_seconds``: the time that text took, the collectors' work."""
 
     def __init__(self, seed: int, chunks_per_scene: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.per_scene = chunks_per_scene
         self.scenes: list[SyntheticScene] = []
         self.drawn = 0
+        self.text_seconds = 0.0
 
     def next(self) -> TopoPolarTrajectory:
         want = self.drawn // self.per_scene + 1
@@ -143,7 +149,11 @@ class _Workload:
             self.scenes.append(synthetic_scene(self.rng, f"synthetic/{len(self.scenes):05d}"))
         scene = self.scenes[int(self.rng.integers(len(self.scenes)))]
         self.drawn += 1
-        return synthetic_trajectory(scene, self.rng, f"bench/{self.drawn:07d}")
+        traj = synthetic_trajectory(scene, self.rng, f"bench/{self.drawn:07d}")
+        start = time.perf_counter()
+        traj.description = chunk_description(traj)
+        self.text_seconds += time.perf_counter() - start
+        return traj
 
 
 def _grow(paths: _Paths, work: "_Workload", target: int, batch_size: int) -> dict:
@@ -234,7 +244,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
                     "summary_bytes_per_chunk": round(stats["summary_bytes_per_chunk"], 1),
                     "purity": stats["purity"], "completeness": stats["completeness"],
                     "actions": stats["actions"], "chunks": stats["chunks"],
-                    "groups": stats["groups"], "load_average_end": round(os.getloadavg()[0], 2)})
+                    "groups": stats["groups"], "load_average_end": round(os.getloadavg()[0], 2),
+                    "chunk_text_ms_per_traj": round(work.text_seconds * 1e3 / max(work.drawn, 1), 3)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
