@@ -38,8 +38,7 @@ class EvalConfig:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "eval",
-        help="evaluate planners (trajrag, llm, graphrag, value, frontier, random, oracle, frontier-oracle) "
-        "on ObjectNav episodes",
+        help=f"evaluate planners ({', '.join(AGENT_NAMES)}) on ObjectNav episodes",
         description="Runs each planner (and retrieval variant) on the episodes, writes per-episode JSONL "
         "records (resumable), prints one JSON summary per run (episodes, sr, spl, dtg_m, planner_calls, "
         "fallbacks, retrieval_ms_p50) and writes <out>/results.md and results.csv across every run in <out>. "
