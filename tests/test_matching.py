@@ -30,6 +30,7 @@ from trajrag.memory.prefilter import (
     _best_of,
     _best_votes,
     _positive_votes,
+    _query_key,
     _top_votes,
     _votes,
     node_descriptors,
@@ -329,6 +330,45 @@ def test_the_writers_fast_vote_finds_the_same_votes_and_candidates_to_the_bit(in
             fast = index.candidates(query, 5, neighbours)
             index.fast = False
             assert fast == index.candidates(query, 5, neighbours)
+
+
+def test_probes_read_ahead_are_the_probes_made_when_the_query_comes_whatever_was_written_between():
+    """``NodeIndex.read_ahead``: a batch's inverted-file probes read list by list give each query
+    the similarities it would have computed itself, to the bit, and so the same votes, also after
+    writes in between changed some lists' trained rows (merged sectors), removed a group or added
+    rows to some lists."""
+    rng = np.random.default_rng(33)
+    ivf = IVFParams(min_nodes=300, lists_per_sqrt=2.0, probes=4, train_sample=4096,
+                    kmeans_iterations=3, seed=0)
+    index, shared = _tied_index(ivf, rng)
+    index.fast = True
+    queries = [rng.integers(-3, 15, size=(int(rng.integers(1, 12)), 12)).astype(np.int16) for _ in range(10)]
+    queries[3][:2] = shared[:2]
+    index.read_ahead(queries)
+    assert index.inverted_file and len(index._ahead) == len(queries)
+    served, moved_any, kept = 0, 0, 0
+    for k, query in enumerate(queries):
+        if k % 3 == 1:  # a merge rewrites some trained rows; a fusion removes a group
+            index.set_group(2 * k, np.concatenate([shared[k: k + 3], shared[:1]]), changed=np.arange(2))
+            index.remove_group(2 * k + 1)
+        ahead = index._ahead.get(_query_key(query))
+        served += ahead is not None
+        moved = bool((index._added_writes[ahead.near] != ahead.added_writes).any())
+        packed = index._similarities(query, packed=True)
+        assert _query_key(query) not in index._ahead  # used once
+        index.fast = False
+        sim, owner = index._similarities(query)
+        index.fast = True
+        for neighbours in (1, 5, 60):  # the votes to the bit (moved rows' columns come last)
+            got = _best_of(*_positive_votes(*packed, neighbours))
+            assert all(np.array_equal(a, b) for a, b in zip(got, _best_votes(*_top_votes(sim, owner, neighbours))))
+        if moved:
+            moved_any += 1
+        else:  # nothing added since: the very matrix
+            kept += 1
+            assert np.array_equal(packed[0], sim) and np.array_equal(packed[1], owner)
+    assert moved_any and kept
+    assert served == len(queries)
 
 
 def test_a_group_reindexed_by_its_changed_nodes_is_described_as_anew():

@@ -13,7 +13,8 @@ each size, then ``timing_inserts`` single ``insert`` calls are timed there, each
 LanceDB commit (``insert_ms_*``; ``insert_cpu_ms_*``: the process's CPU time, which other jobs'
 load does not inflate), and as many inserts that join one batch committed after them
 (``batched_insert_ms_*``: the writer's cost per trajectory, the batch's commit spread over it in
-``batched_commit_ms_per_traj_*``).
+``batched_commit_ms_per_traj_*``; read ahead ``memory.lookahead`` at a time as ``insert_many``
+reads ahead, each insert charged its share).
 
 Before and after in one run (issue 51): the memory decides on its fast path
 (``memory.fast_path``, as configured) and on the path before (``fast_path: false``) in turn, one
@@ -100,16 +101,21 @@ class _Paths:
         self.seconds[path].update(self.memory.seconds - before)
         return wall * 1e3, cpu * 1e3
 
-    def timed(self, work: "_Workload", n: int, *, commit: bool) -> dict[bool, dict[str, list[float]]]:
-        """``n`` inserts on each path, alternating (each committed, or left pending for one later
-        commit): per path, the ms of each."""
+    def timed(self, work: "_Workload", n: int, *, commit: bool,
+              window: int = 1) -> dict[bool, dict[str, list[float]]]:
+        """About ``n`` inserts on each path, the paths alternating every ``window`` inserts (each
+        committed, or left pending for one later commit); with ``window`` > 1 each window is read
+        ahead first, as ``insert_many`` reads ahead (``TrajectoryMemory.read_ahead``, nothing on
+        the path before), and each insert is charged its share of that. Per path, the ms of each."""
         times = {path: {"wall": [], "cpu": []} for path in self.order}
-        for k in range(2 * n):
+        for k in range(2 * max(n // window, 1)):
             path = self.order[k % 2]
-            traj = work.next()
-            wall, cpu = self.run(path, lambda: self.memory.insert(traj, commit=commit))
-            times[path]["wall"].append(wall)
-            times[path]["cpu"].append(cpu)
+            trajs = [work.next() for _ in range(window)]
+            ahead = self.run(path, lambda: self.memory.read_ahead(trajs)) if window > 1 else (0.0, 0.0)
+            for traj in trajs:
+                wall, cpu = self.run(path, lambda: self.memory.insert(traj, commit=commit))
+                times[path]["wall"].append(wall + ahead[0] / window)
+                times[path]["cpu"].append(cpu + ahead[1] / window)
         return times
 
 
@@ -196,7 +202,7 @@ def _size(out: dict, name: str, paths: _Paths, work: "_Workload", size: int, tim
     single = paths.timed(work, timing_inserts, commit=True)
     out[f"profile_single_insert_ms_{name}"] = _per_traj(paths.seconds[paths.order[0]] - before,
                                                          timing_inserts)
-    batched = paths.timed(work, timing_inserts, commit=False)
+    batched = paths.timed(work, timing_inserts, commit=False, window=memory.cfg.lookahead)
     t0 = time.perf_counter()
     memory.flush()
     out[f"batched_commit_ms_per_traj_{name}"] = round(

@@ -110,9 +110,20 @@ class NodeIndex:
         self._layouts: dict[int, tuple[int, int, np.ndarray, np.ndarray | None]] = {}
         self._list_of = np.full(1024, -1, dtype=np.int64)  # inverted list of each row (-1: none)
         self._trained_at = 0
+        # Writes since the lists were laid out, per list: to its trained block, to its added rows
+        # (``read_ahead`` checks them), and the probes read ahead per query (``_query_key``).
+        self._trained_writes = np.zeros(0, dtype=np.int64)
+        self._added_writes = np.zeros(0, dtype=np.int64)
+        self._ahead: dict[bytes, _ReadAhead] = {}
+        self.read_ahead_used = 0  # searches served from a read-ahead
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def inverted_file(self) -> bool:
+        """Whether searches go through the inverted file (else exact over every node)."""
+        return self._centroids is not None
 
     @property
     def n_nodes(self) -> int:
@@ -154,6 +165,7 @@ class NodeIndex:
             self._list_of[extra] = lists
             for row, lst in zip(extra.tolist(), lists.tolist()):
                 self._extra[lst].append(row)
+            np.add.at(self._added_writes, lists, 1)
             if self._n_extra > self._used * _MAX_EXTRA_SHARE:
                 self._repack()  # lays the lists out contiguously again
         self._maybe_train()
@@ -170,11 +182,16 @@ class NodeIndex:
             self._repack()
 
     def _forget_layouts(self, rows: np.ndarray) -> None:
-        """Drop the fast path's views of the lists that ``rows`` (changed) were added to."""
-        if not self._layouts:
+        """Drop the fast path's views of the lists that ``rows`` (changed) were added to, and
+        count the writes to each list's trained block and added rows (``read_ahead``)."""
+        if self._centroids is None:
             return
-        added = rows[rows >= self._bounds[-1]]
-        for lst in np.unique(self._list_of[added]).tolist():
+        trained = rows < self._bounds[-1]
+        np.add.at(self._trained_writes, self._list_of[rows[trained]], 1)
+        added = np.unique(self._list_of[rows[~trained]])
+        added = added[added >= 0]  # rows allocated just now join their lists after this
+        np.add.at(self._added_writes, added, 1)
+        for lst in added.tolist():
             self._layouts.pop(lst, None)
 
     def _alloc(self, n: int) -> np.ndarray:
@@ -210,7 +227,10 @@ class NodeIndex:
             self._bounds = np.searchsorted(self._list_of[:n], np.arange(n_lists + 1)).tolist()
             self._extra = [[] for _ in range(n_lists)]
             self._extra_rows = [np.zeros(0, np.int64) for _ in range(n_lists)]
+            self._trained_writes = np.zeros(n_lists, dtype=np.int64)
+            self._added_writes = np.zeros(n_lists, dtype=np.int64)
         self._layouts = {}
+        self._ahead = {}
         self._used, self._dead = n, 0
 
     def _maybe_train(self) -> None:
@@ -291,7 +311,11 @@ class NodeIndex:
         """Query nodes x searched nodes: descriptor similarities (-inf: padding) and the searched
         nodes' groups (-1: none), per column (exact search) or per entry (inverted file).
         ``packed``: the inverted file's probes written straight into the matrix (the same
-        products, the same matrix)."""
+        products, the same matrix); taken from what was read ahead for this query, if it was."""
+        ahead = self._ahead.pop(_query_key(sectors), None) if packed and self._ahead else None
+        if ahead is not None:
+            self.read_ahead_used += 1
+            return self._probed_ahead(ahead)
         query = node_descriptors(sectors, self.dim)
         if self._centroids is None:
             # One matrix product, the index on the left: OpenBLAS streams it ~3x faster than
@@ -303,8 +327,7 @@ class NodeIndex:
             padded = np.concatenate([query, np.zeros_like(query)]) if len(query) == 1 else query
             sim = np.ascontiguousarray((self._desc[: self._used] @ padded.T).T[: len(query)])
             return sim, self._owner[: self._used]
-        probes = min(self.ivf.probes, len(self._centroids))
-        near = np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+        near = self._probe_lists(query)
         if packed:
             return self._probed_matrix(query, near.tolist())
         probed = [self._probed(q, lists) for q, lists in zip(query, near.tolist())]
@@ -314,6 +337,110 @@ class NodeIndex:
         owner = np.full((len(probed), width), -1, dtype=np.int64)
         for k, (sims, owners) in enumerate(probed):
             sim[k, : len(sims)], owner[k, : len(owners)] = sims, owners
+        return sim, owner
+
+    def _probe_lists(self, query: np.ndarray) -> np.ndarray:
+        """int (K, probes): the inverted lists each query node searches (centroids nearest)."""
+        probes = min(self.ivf.probes, len(self._centroids))
+        return np.argpartition(-(query @ self._centroids.T), probes - 1, axis=1)[:, :probes]
+
+    def read_ahead(self, queries: Sequence[np.ndarray]) -> None:
+        """Search the inverted file now for the next ``queries`` (sector arrays as ``candidates``
+        gets them), each probed list read once for all of them: its products with every query
+        node that probes it are one stacked ``np.matmul`` (each item the matrix-vector product
+        ``_probed_matrix``'s ``np.dot`` makes: the same bits), laid out as ``_probed_matrix``
+        lays them out. ``candidates`` of one of these queries then takes its matrix from here,
+        computing again only the probes of lists written since (``_probed_ahead``): a probe is
+        bound by reading its list from memory, and a batch's queries probe many lists alike.
+        Replaces what was read ahead before; a no-op on exact search."""
+        self._ahead = {}
+        queries = [sectors for sectors in queries if len(sectors)]
+        if self._centroids is None or not queries:
+            return
+        descs = [node_descriptors(sectors, self.dim) for sectors in queries]
+        nears = [self._probe_lists(query) for query in descs]
+        probed = np.concatenate(nears).ravel()  # probes in (query, node, probe) order
+        lists, pair = np.unique(probed, return_inverse=True)
+        layouts = [self._list_layout(lst) for lst in lists.tolist()]
+        values, segment = self._read_lists(layouts, np.concatenate(descs), pair.ravel(), nears[0].shape[1])
+        trained = np.array([hi - lo for lo, hi, _, _ in layouts], dtype=np.int64)[pair]
+        size = np.array([len(rows) for _, _, rows, _ in layouts], dtype=np.int64)[pair]
+        at = 0
+        for sectors, query, near in zip(queries, descs, nears):
+            probes = slice(at, at + near.size)
+            self._ahead[_query_key(sectors)] = self._laid_out(
+                query, near, values, *(a[probes].reshape(near.shape) for a in (segment, size, trained)),
+                [layouts[i][2] for i in pair[probes].tolist()])
+            at += near.size
+
+    def _read_lists(self, layouts: list[tuple], nodes: np.ndarray, pair: np.ndarray,
+                    per_node: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every probe's products (its list's trained block, then added rows) in one buffer, list
+        by list (``pair``: each probe's index in ``layouts``): the buffer and each probe's start."""
+        by_list = np.argsort(pair, kind="stable")
+        counts = np.bincount(pair, minlength=len(layouts))
+        sizes = np.array([len(rows) for _, _, rows, _ in layouts], dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(np.repeat(sizes, counts))])
+        segment = np.empty(len(pair), dtype=np.int64)
+        segment[by_list] = bounds[:-1]
+        values = np.empty(int(bounds[-1]), dtype=np.float32)
+        matmul, desc, first = np.matmul, self._desc, 0
+        for (lo, hi, rows, added), count in zip(layouts, counts.tolist()):
+            last = first + count
+            block = values[bounds[first]: bounds[last]].reshape(count, len(rows))
+            probing = nodes[by_list[first:last] // per_node][:, :, None]
+            matmul(desc[lo:hi], probing, out=block[:, : hi - lo, None])
+            if added is not None:
+                matmul(added, probing, out=block[:, hi - lo:, None])
+            first = last
+        return values, segment
+
+    def _laid_out(self, query: np.ndarray, near: np.ndarray, values: np.ndarray, segment: np.ndarray,
+                  size: np.ndarray, trained: np.ndarray, rows_of: list[np.ndarray]) -> "_ReadAhead":
+        """One query's probes read ahead (per probe: its start in ``values``, its size, its trained
+        rows, its list's index rows), as ``_probed_matrix`` lays them out: each node's row holds
+        its probes side by side, each a list's trained block then its added rows."""
+        n_nodes, per_node = near.shape
+        row_len = size.sum(axis=1)
+        sim = np.full((n_nodes, int(row_len.max())), -np.inf, dtype=np.float32)
+        rows = np.full(sim.shape, -1, dtype=np.int32)
+        starts, sizes = segment.tolist(), size.tolist()
+        for k, n in enumerate(row_len.tolist()):
+            sim[k, :n] = np.concatenate([values[a: a + b] for a, b in zip(starts[k], sizes[k])])
+            rows[k, :n] = np.concatenate(rows_of[k * per_node: (k + 1) * per_node])
+        return _ReadAhead(query, near, sim, rows, np.cumsum(size, axis=1) - size, trained, size - trained,
+                          self._trained_writes[near], self._added_writes[near])
+
+    def _probed_ahead(self, ahead: "_ReadAhead") -> tuple[np.ndarray, np.ndarray]:
+        """``_probed_matrix`` of a query read ahead: its matrix, with the probes of lists written
+        since computed again (a trained block: in place; added rows: blanked, and their products
+        now in columns after the others, where the votes read them alike) and every row's group
+        as it is now."""
+        sim, rows, near, query = ahead.sim, ahead.rows, ahead.near, ahead.query
+        for k, j in zip(*np.nonzero(self._trained_writes[near] != ahead.trained_writes)):
+            lo, hi, at = self._bounds[near[k, j]], self._bounds[near[k, j] + 1], ahead.column[k, j]
+            np.dot(self._desc[lo:hi], query[k], out=sim[k, at: at + hi - lo])
+        moved = np.nonzero(self._added_writes[near] != ahead.added_writes)
+        if len(moved[0]):
+            fresh: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(len(near))]
+            for k, j in zip(*moved):
+                at = ahead.column[k, j] + ahead.trained[k, j]
+                sim[k, at: at + ahead.added[k, j]] = -np.inf
+                rows[k, at: at + ahead.added[k, j]] = -1
+                lo, hi, list_rows, added = self._list_layout(near[k, j])
+                if added is not None:
+                    fresh[k].append((np.dot(added, query[k]), list_rows[hi - lo:]))
+            width = max(sum(len(r) for _, r in node) for node in fresh)
+            more_sim = np.full((len(near), width), -np.inf, dtype=np.float32)
+            more_rows = np.full((len(near), width), -1, dtype=np.int32)
+            for k, node in enumerate(fresh):
+                if node:
+                    n = sum(len(r) for _, r in node)
+                    more_sim[k, :n] = np.concatenate([s for s, _ in node])
+                    more_rows[k, :n] = np.concatenate([r for _, r in node])
+            sim, rows = np.concatenate([sim, more_sim], axis=1), np.concatenate([rows, more_rows], axis=1)
+        owner = self._owner[rows]
+        owner[rows < 0] = -1
         return sim, owner
 
     def _probed_matrix(self, query: np.ndarray, near: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -349,6 +476,30 @@ class NodeIndex:
             layout = self._layouts[lst] = (lo, hi, np.concatenate([np.arange(lo, hi), extra]),
                                            self._desc[extra] if len(extra) else None)
         return layout
+
+
+@dataclass
+class _ReadAhead:
+    """A query's probes read ahead (``NodeIndex.read_ahead``): its node descriptors (K, D) and
+    probed lists (K, P); its similarity matrix and each entry's index row (-1: none) as
+    ``_probed_matrix`` lays them out; per probe its first column, trained-block and added-row
+    counts; and its lists' write counts then."""
+
+    query: np.ndarray
+    near: np.ndarray
+    sim: np.ndarray
+    rows: np.ndarray
+    column: np.ndarray
+    trained: np.ndarray
+    added: np.ndarray
+    trained_writes: np.ndarray
+    added_writes: np.ndarray
+
+
+def _query_key(sectors: np.ndarray) -> bytes:
+    """What identifies a query read ahead: its sector labels, with their shape."""
+    sectors = np.asarray(sectors, dtype=np.int16)
+    return len(sectors).to_bytes(4, "little") + sectors.tobytes()
 
 
 def _votes(sim: np.ndarray, owner: np.ndarray, neighbours: int) -> list[dict[int, float]]:

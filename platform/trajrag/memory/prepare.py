@@ -114,6 +114,25 @@ def chunk_description(traj: TopoPolarLike) -> str:
         str(traj.goal), float(traj.reference_yaw), success=bool(first_attr(traj, ("success",), False))))
 
 
+def search_sectors(traj: Any, vocab: dict[str, int], summary_geometry: str) -> np.ndarray | None:
+    """The sectors ``prepare`` gives the prefilter's search (its geometry's, in store label ids),
+    without a change to any state: None when a category is not in ``vocab`` yet or the
+    trajectory is malformed (``prepare`` then says why). What the writer reads ahead with."""
+    try:
+        categories = [str(name) for name in traj.categories]
+        source = traj
+        if summary_geometry == GEOMETRY_MAP and getattr(traj, "place", None) is not None:
+            source = traj.place
+        sectors = np.asarray(source.sectors)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if any(name not in vocab for name in categories) or sectors.ndim != 2 \
+            or sectors.shape[1] != N_SECTORS or not np.issubdtype(sectors.dtype, np.integer) \
+            or ((sectors < UNKNOWN) | (sectors >= len(categories))).any():
+        return None
+    return to_store_labels(sectors, np.array([vocab[name] for name in categories], dtype=np.int16))
+
+
 def prepare(traj: Any, tid: str, description: str | None, policy: str | None,
             label_lut: Callable[[Sequence[str]], np.ndarray], summary_geometry: str,
             timed: Callable[[str], ContextManager[None]]) -> Prepared | str:
