@@ -97,7 +97,7 @@ def _decided(memory: TrajectoryMemory) -> list:
 def test_the_fast_path_groups_to_the_bit_as_the_path_before(tmp_path):
     fast, before = _writer_plan(tmp_path, True), _writer_plan(tmp_path, False)
     assert fast.index._centroids is not None  # the inverted file did the candidate search
-    assert fast.index.read_ahead_used > 50  # its searches read ahead, 16 walks at a time
+    assert fast.index.read_ahead_used > 50  # its searches read ahead, memory.lookahead walks at a time
     got = _grouping(fast)
     assert {"new", "merge", "fuse", "redundant"} <= {d["action"] for d in got["decisions"]}
     # Every decision, chunk row and summary (positions, sectors, edges) to the bit.
