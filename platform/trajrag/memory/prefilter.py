@@ -361,10 +361,12 @@ class NodeIndex:
         nears = [self._probe_lists(query) for query in descs]
         probed = np.concatenate(nears).ravel()  # probes in (query, node, probe) order
         lists, pair = np.unique(probed, return_inverse=True)
+        pair = pair.ravel()
         layouts = [self._list_layout(lst) for lst in lists.tolist()]
-        values, segment = self._read_lists(layouts, np.concatenate(descs), pair.ravel(), nears[0].shape[1])
+        sizes = np.array([len(rows) for _, _, rows, _ in layouts], dtype=np.int64)
+        values, segment = self._read_lists(layouts, sizes, np.concatenate(descs), pair, nears[0].shape[1])
         trained = np.array([hi - lo for lo, hi, _, _ in layouts], dtype=np.int64)[pair]
-        size = np.array([len(rows) for _, _, rows, _ in layouts], dtype=np.int64)[pair]
+        size = sizes[pair]
         at = 0
         for sectors, query, near in zip(queries, descs, nears):
             probes = slice(at, at + near.size)
@@ -373,13 +375,13 @@ class NodeIndex:
                 [layouts[i][2] for i in pair[probes].tolist()])
             at += near.size
 
-    def _read_lists(self, layouts: list[tuple], nodes: np.ndarray, pair: np.ndarray,
+    def _read_lists(self, layouts: list[tuple], sizes: np.ndarray, nodes: np.ndarray, pair: np.ndarray,
                     per_node: int) -> tuple[np.ndarray, np.ndarray]:
         """Every probe's products (its list's trained block, then added rows) in one buffer, list
-        by list (``pair``: each probe's index in ``layouts``): the buffer and each probe's start."""
+        by list (``pair``: each probe's index in ``layouts``; ``sizes``: each list's rows): the
+        buffer and each probe's start."""
         by_list = np.argsort(pair, kind="stable")
         counts = np.bincount(pair, minlength=len(layouts))
-        sizes = np.array([len(rows) for _, _, rows, _ in layouts], dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(np.repeat(sizes, counts))])
         segment = np.empty(len(pair), dtype=np.int64)
         segment[by_list] = bounds[:-1]
