@@ -597,6 +597,8 @@ def test_bench_build_feeds_one_and_two_writers_and_reports_their_rates(tmp_path,
     assert main(["bench", "build", "--quick", "--json", "--workdir", str(tmp_path / "work")]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sizes"] == [300]
+    # The machine's load beside the rates: a rate from shared cores is read against it.
+    assert result["load_average"] >= 0 and result["load_average_end"] >= 0
     for writers in (1, 2):
         assert result[f"build_traj_per_s_{writers}w_300"] > 0 and result[f"build_seconds_{writers}w"] > 0
         assert result[f"groups_{writers}w"] > 0
