@@ -46,3 +46,8 @@ def blas_kernels() -> str:
     found = [info.get("architecture") or info.get("internal_api", "") for info in threadpool_info()
              if info.get("user_api") == "blas"]
     return ", ".join(sorted(set(found))) or "unknown"
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average: a bench on shared cores reports it beside its figures."""
+    return round(os.getloadavg()[0], 2)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajrag.bench import blas_kernels, work_dir
+from trajrag.bench import blas_kernels, load_average, work_dir
 from trajrag.bench.store import _size_name, _Workload
 from trajrag.config import Settings
 from trajrag.ray_cluster import ensure_ray
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     verbose = not getattr(args, "json", False)
     out: dict = {"sizes": sizes, "window": window, "writer_batch": job.writer_batch,
                  "max_unacked_batches": job.max_unacked_batches, "cpus": os.cpu_count(),
-                 "blas_kernels": blas_kernels(), "load_average": round(os.getloadavg()[0], 2)}
+                 "blas_kernels": blas_kernels(), "load_average": load_average()}
     own_ray = ensure_ray(None, max(cfg.writers) * job.shard_num_cpus + 1, quiet=True)
     trajs = _trajectories(sizes[-1], memory_cfg.seed, cfg.chunks_per_scene)
     writer_cls = ray.remote(GroupingWriter).options(num_cpus=0)
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
                       f"trajectories, " + ", ".join(f"{k}={v}" for k, v in out.items()
                                                     if k.startswith("build_traj_per_s_") and f"_{n}w_" in k),
                       flush=True)
-        out["load_average_end"] = round(os.getloadavg()[0], 2)
+        out["load_average_end"] = load_average()
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if own_ray:

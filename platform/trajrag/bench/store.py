@@ -58,7 +58,7 @@ from typing import Callable
 
 import numpy as np
 
-from trajrag.bench import blas_kernels, work_dir, write_rename_ms
+from trajrag.bench import blas_kernels, load_average, work_dir, write_rename_ms
 from trajrag.config import Settings
 from trajrag.memory.grouping import PHASES, TrajectoryMemory
 from trajrag.memory.prepare import chunk_description
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
                  "fast_path": cfg.fast_path, "blas_threads": cfg.blas_threads,
                  "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
                  "blas_kernels": blas_kernels(),
-                 "load_average": round(os.getloadavg()[0], 2)}
+                 "load_average": load_average()}
     try:
         memory = TrajectoryMemory(f"{root}/memory", cfg)
         paths = _Paths(memory, cfg.fast_path)
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
                     "summary_bytes_per_chunk": round(stats["summary_bytes_per_chunk"], 1),
                     "purity": stats["purity"], "completeness": stats["completeness"],
                     "actions": stats["actions"], "chunks": stats["chunks"],
-                    "groups": stats["groups"], "load_average_end": round(os.getloadavg()[0], 2),
+                    "groups": stats["groups"], "load_average_end": load_average(),
                     "chunk_text_ms_per_traj": round(work.text_seconds * 1e3 / max(work.drawn, 1), 3)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
