@@ -4,7 +4,7 @@ The notebooks are executed as ``jobs/refresh_notebooks.py`` executes them (a fre
 repository root), with their parameter cell overridden: tiny renders, short episodes, a 1-home
 memory built once under a temporary folder and shared by 03-05, no ``runs/`` folder read, and
 06 measuring only the collectors. A cell that raises fails the test with its traceback; a cell
-tagged ``figure`` that leaves no PNG fails it too.
+tagged ``figure`` that leaves no PNG fails it too, and so does a warning or log line among the outputs.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def test_notebook_runs_and_draws_its_figures(path, small, monkeypatch):
     assert not refresh.missing_figures(nb), f"{path.name}: cells tagged 'figure' drew nothing"
     pngs = sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
     assert pngs >= 1
+    # What a reader sees is what the notebook shows: no library's warnings or log lines.
+    logged = [out["text"][:300] for cell in nb.cells for out in cell.get("outputs", [])
+              if out.get("output_type") == "stream" and out.get("name") == "stderr"]
+    assert logged == [], f"{path.name}: warnings or log lines among the outputs: {logged}"
 
 
 def test_unknown_parameter_is_refused():
