@@ -87,6 +87,17 @@ def missing_figures(nb: nbformat.NotebookNode) -> list[int]:
             and not any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))]
 
 
+def logged_lines(nb: nbformat.NotebookNode) -> dict[int, str]:
+    """Cell index -> the first warning or log text a cell left among its outputs (stderr): a
+    committed notebook shows what it draws and prints, not its libraries' notes."""
+    logged: dict[int, str] = {}
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                logged.setdefault(i, out["text"][:300])
+    return logged
+
+
 def _parse_sets(values: list[str]) -> dict[str, dict]:
     """``NAME.PARAM=VALUE`` options -> {notebook prefix: {param: value}}."""
     sets: dict[str, dict] = {}
@@ -128,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             missing = missing_figures(nb)
             if missing:
                 raise SystemExit(f"{path.name}: cells {missing} are tagged 'figure' and drew none")
+            logged = logged_lines(nb)
+            if logged:
+                raise SystemExit(f"{path.name}: not written, warnings or log lines among the outputs: {logged}")
             nbformat.write(nb, path)
             print(f"{path.relative_to(REPO)}: {time.perf_counter() - started:.0f} s, "
                   f"{path.stat().st_size / 1024:.0f} KiB", file=sys.stderr)

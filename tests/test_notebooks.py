@@ -70,10 +70,7 @@ def test_notebook_runs_and_draws_its_figures(path, small, monkeypatch):
     assert not refresh.missing_figures(nb), f"{path.name}: cells tagged 'figure' drew nothing"
     pngs = sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
     assert pngs >= 1
-    # What a reader sees is what the notebook shows: no library's warnings or log lines.
-    logged = [out["text"][:300] for cell in nb.cells for out in cell.get("outputs", [])
-              if out.get("output_type") == "stream" and out.get("name") == "stderr"]
-    assert logged == [], f"{path.name}: warnings or log lines among the outputs: {logged}"
+    assert refresh.logged_lines(nb) == {}, f"{path.name}: warnings or log lines among the outputs"
 
 
 def test_unknown_parameter_is_refused():
@@ -82,3 +79,13 @@ def test_unknown_parameter_is_refused():
     nb = nbformat.read(refresh.notebook_paths(["01"])[0], as_version=4)
     with pytest.raises(ValueError, match="unknown parameters"):
         refresh.inject_parameters(nb, {"MAX_STEPZ": 1})
+
+
+def test_a_warning_among_the_outputs_is_found_and_printed_text_is_not():
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell("import ray")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="find sofa: success\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="INFO util.py:155 -- Missing packages\n")]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# title"), cell])
+    assert refresh.logged_lines(nb) == {1: "INFO util.py:155 -- Missing packages\n"}
