@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -25,7 +26,7 @@ from trajrag.memory.schema import (
 from trajrag.memory.stats import completeness_ceiling, corpus_stats
 from trajrag.memory.store import MemoryStore, StoreError
 from trajrag.memory.synthetic import perturb, synthetic_scene, synthetic_trajectory
-from trajrag.memory.value_log import ValueLog
+from trajrag.memory.value_log import TABLE as VALUE_TABLE, ValueLog
 from trajrag.topo.trajectory import TopoPolarTrajectory
 
 
@@ -303,6 +304,36 @@ def test_a_corrupted_table_gives_a_clear_error_and_the_previous_version_stays_re
         store.verify()
     store.checkout(v1)
     assert store.read(CHUNKS, ["trajectory_id"]).num_rows == n1
+
+
+def _kill_creation(folder: Path) -> None:
+    """What a process killed while LanceDB created the table at ``folder`` leaves: its files, no
+    version (LanceDB still lists the table, and cannot open it)."""
+    shutil.rmtree(folder / "_versions")
+
+
+def test_a_table_whose_creation_was_killed_is_created_anew_and_nothing_stored_is_lost(tmp_path, cfg, homes):
+    memory = _memory(tmp_path, cfg)
+    memory.insert_many(_trajs(homes, 4, 21, "a"))
+    stored = memory.store.count(CHUNKS)
+    uri = memory.store.uri
+    ValueLog(uri).append([("a0", b"decisions")])
+    _kill_creation(Path(uri) / f"{VALUE_TABLE}.lance")  # killed in its first append
+    walks = ValueLog(uri)  # opens (the corpus writer's start-up failed here before)
+    assert walks.table is None and len(walks) == 0
+    assert walks.append([("a1", b"decisions")]) == 1 and [t for t, _ in ValueLog(uri).rows()] == ["a1"]
+
+    # A memory table's creation killed (a store's first start): the writer creates it again,
+    # a reader says which table is missing, and the tables that were stored keep their rows.
+    fresh = tmp_path / "fresh"
+    MemoryStore(str(fresh), embedding_dim=8)
+    _kill_creation(fresh / f"{SUMMARIES}.lance")
+    with pytest.raises(StoreError, match="summaries"):
+        MemoryStore(str(fresh), read_only=True)
+    assert MemoryStore(str(fresh), embedding_dim=8).count(SUMMARIES) == 0
+    memory = _memory(tmp_path, cfg)
+    memory.store.compact(keep_versions=1)  # side tables without a version are not compacted either
+    assert memory.store.count(CHUNKS) == stored
 
 
 @pytest.mark.slow

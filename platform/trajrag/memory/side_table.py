@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from trajrag.memory.store import StoreError
+from trajrag.memory.store import StoreError, open_committed
 
 
 class SideTable:
     """A table kept beside the memory's own in its LanceDB database, outside the chunk journal
     (the exploration walks' decisions, the build settings): opened if it exists, created by the
-    first ``append``. ``what`` names it in the one-line ``StoreError`` a backend failure becomes."""
+    first ``append`` (also where a killed creation left its folder without a version). ``what``
+    names it in the one-line ``StoreError`` a backend failure becomes."""
 
     def __init__(self, uri: str, name: str, what: str) -> None:
         import lancedb
@@ -20,7 +21,7 @@ class SideTable:
         self.name = name
         try:
             self._db = lancedb.connect(uri)
-            self.table = self._db.open_table(name) if name in self._db.list_tables().tables else None
+            self.table = open_committed(self._db, [name]).get(name)
         except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
             raise StoreError(f"memory store {uri}: {what} cannot be read: {exc}") from exc
 

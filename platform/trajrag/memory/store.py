@@ -33,6 +33,7 @@ takes a new snapshot.
 from __future__ import annotations
 
 import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -62,6 +63,8 @@ from trajrag.memory.schema import (
     utc_now,
 )
 from trajrag.memory.se2 import Transform2D
+
+log = logging.getLogger(__name__)
 
 # Slack when pruning history by age (see MemoryStore._history_age).
 _PRUNE_MARGIN = timedelta(milliseconds=50)
@@ -129,6 +132,23 @@ class GroupAlias:
     node_map: np.ndarray
 
 
+def open_committed(db: Any, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The tables of the LanceDB database ``db`` (those of ``names`` only, when given) that hold a
+    committed version, by name. A table whose folder holds files but no version, what a process
+    killed while creating it leaves (LanceDB still lists it, and cannot open it), is left out with
+    a warning: nothing was stored in it, so it can be created anew. Other errors propagate."""
+    listed = db.list_tables().tables
+    opened = {}
+    for name in listed if names is None else [n for n in names if n in listed]:
+        try:
+            opened[name] = db.open_table(name)
+        except ValueError as exc:  # LanceDB's "Table '...' was not found": no committed version
+            if "was not found" not in str(exc):
+                raise
+            log.warning("table %r has no committed version (its creation was interrupted): "
+                        "it will be created anew", name)
+    return opened
+
 
 def sql_str(value: str) -> str:
     """A SQL string literal (single quotes doubled)."""
@@ -169,22 +189,23 @@ class MemoryStore:
             # and its own writes advance its tables.
             self._db = lancedb.connect(
                 self.uri, read_consistency_interval=timedelta(0) if read_only else None)
-            existing = set(self._db.list_tables().tables)
+            existing = open_committed(self._db, (*TABLES, COMMITS))
         except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear line
-            raise StoreError(f"memory store {self.uri}: cannot connect: {exc}") from exc
+            raise StoreError(f"memory store {self.uri}: cannot connect or open its tables: {exc}") from exc
         missing = [name for name in (*TABLES, COMMITS) if name not in existing]
         if missing and read_only:
             raise StoreError(f"memory store {self.uri}: no store there (tables {missing} missing)")
         if missing:
-            # A crash while creating a store can leave some tables: the writer completes them.
+            # A crash while creating a store can leave some tables, and one table's files without
+            # a version (``open_committed``): the writer creates what is missing.
             if embedding_dim is None:
                 raise StoreError(f"memory store {self.uri}: tables {missing} do not exist; creating "
                                  "them needs embedding_dim")
             schemas = {CHUNKS: chunk_schema(embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
                        DECISIONS: DECISION_SCHEMA, VOCAB: VOCAB_SCHEMA, COMMITS: COMMIT_SCHEMA}
             for name in missing:
-                self._db.create_table(name, schema=schemas[name], exist_ok=True)
-        self._tables = {name: self._open(name) for name in (*TABLES, COMMITS)}
+                existing[name] = self._db.create_table(name, schema=schemas[name], exist_ok=True)
+        self._tables = {name: existing[name] for name in (*TABLES, COMMITS)}
         self.embedding_dim = self._tables[CHUNKS].schema.field("embedding").type.list_size
         self._check_schemas()
         if embedding_dim is not None and embedding_dim != self.embedding_dim:
@@ -203,12 +224,6 @@ class MemoryStore:
                 self._mark_batches()
 
     # -- opening and checking ------------------------------------------------------------------
-
-    def _open(self, name: str) -> Any:
-        try:
-            return self._db.open_table(name)
-        except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"memory store {self.uri}: table {name!r} cannot be opened: {exc}") from exc
 
     def _check_schemas(self) -> None:
         expected = {CHUNKS: chunk_schema(self.embedding_dim), SUMMARIES: SUMMARY_SCHEMA,
@@ -481,8 +496,7 @@ class MemoryStore:
              .when_not_matched_insert_all().when_not_matched_by_source_delete(f"revision < {seq}")
              .execute(newest))
         self._index_keys()
-        side = [self._db.open_table(name) for name in self._db.list_tables().tables
-                if name not in (*TABLES, COMMITS)]
+        side = [table for name, table in open_committed(self._db).items() if name not in (*TABLES, COMMITS)]
         for table in (*(self._tables[name] for name in (*TABLES, COMMITS)), *side):
             table.optimize(cleanup_older_than=self._history_age(table, keep_versions))
         self._log("compact")
