@@ -4,9 +4,10 @@ actor that needs a CPU, so the node kill always takes the collectors at work), t
 entrypoints submitted with `ray job submit` as KubeRay submits them (taken from
 cluster/rayjob-*.yaml with their runtime env; sizes made tiny, two of the evaluation's three
 planners, `BUCKET` a bucket on moto's S3 server), every artefact in that bucket. Before each job
-both nodes' artefact caches are wiped: a job can only find what an earlier one left in the bucket,
-never on a disk. The second node is killed in the middle of the corpus build (its raylet, SIGKILL:
-a spot node gone) and the memory still holds every planned trajectory exactly once.
+(or pair of jobs run side by side) both nodes' artefact caches are wiped: a job can only find what
+an earlier one left in the bucket, never on a disk. The second node is killed in the middle of the
+corpus build (its raylet, SIGKILL: a spot node gone) and the memory still holds every planned
+trajectory exactly once.
 
 Loopback only; every Ray process is this test's own (its session folder) and is ended by pid.
 """
@@ -283,6 +284,12 @@ def submit(cluster: LocalCluster, name: str, serve_port: int, wait: bool = True)
     return done.stdout
 
 
+def finish(cluster: LocalCluster, name: str, job: subprocess.Popen) -> None:
+    """Wait for a job ``submit`` started with ``wait=False``: it must succeed."""
+    assert job.wait(timeout=600) == 0, f"{name} failed:\n{(cluster.root / f'{name}.out').read_text()[-4000:]}"
+    print(f"rehearsal: {name} finished", file=sys.stderr)
+
+
 def _last_json(output: str) -> dict:
     for line in reversed(output.splitlines()):
         line = line.strip()
@@ -370,26 +377,27 @@ def test_the_rayjobs_run_on_two_nodes_with_every_artefact_in_the_bucket(cluster,
         monkeypatch.setenv(name, value)
     assert_exactly_once(f"s3://{BUCKET}/trajrag/memory", _planned_ids())
 
+    # The encoder and the value read only the memory, the evaluation and the sweep only what those
+    # two wrote: each pair runs side by side, as a cluster runs RayJobs that do not wait on each other.
     _wipe_caches(cluster)
-    submit(cluster, "train-encoder", serve_port)
+    encoder = submit(cluster, "train-encoder", serve_port, wait=False)
+    submit(cluster, "fit-value", serve_port)
+    finish(cluster, "train-encoder", encoder)
     model = _keys(s3, "trajrag/model/")
     assert {"encoder.json", "model.safetensors"} <= model
     assert any(k.startswith("runs/") and "/checkpoint_" in k for k in model), "Train checkpoints in the bucket"
-
-    _wipe_caches(cluster)
-    submit(cluster, "fit-value", serve_port)
     assert "value.json" in _keys(s3, "trajrag/")
     assert _keys(s3, "trajrag/value.experience/")
 
     _wipe_caches(cluster)
+    sweep = submit(cluster, "sweep", serve_port, wait=False)
     evaluation = _last_json(submit(cluster, "evaluate", serve_port))
     assert set(evaluation["runs"]) == {"trajrag", "frontier"}
     assert all(run["episodes"] == 2 for run in evaluation["runs"].values())
     eval_keys = _keys(s3, "trajrag/eval/")
     assert {"results.md", "trajrag/episodes.jsonl", "frontier/episodes.jsonl", "trajrag/run.json"} <= eval_keys
 
-    _wipe_caches(cluster)
-    submit(cluster, "sweep", serve_port)
+    finish(cluster, "sweep", sweep)
     assert {"best_config.json", "results.csv"} <= _keys(s3, "trajrag/sweep/")
     best = json.loads(s3.get_object(Bucket=BUCKET, Key="trajrag/sweep/best_config.json")["Body"].read())
     assert best["trials"] == 1 and best["trial_errors"] == 0
