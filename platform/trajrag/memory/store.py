@@ -145,8 +145,8 @@ def open_committed(db: Any, names: Iterable[str] | None = None) -> dict[str, Any
         except ValueError as exc:  # LanceDB's "Table '...' was not found": no committed version
             if "was not found" not in str(exc):
                 raise
-            log.warning("table %r has no committed version (its creation was interrupted): "
-                        "it will be created anew", name)
+            log.warning("table %r has files but no committed version (its creation was interrupted, "
+                        "nothing was stored in it): treated as absent", name)
     return opened
 
 
