@@ -41,7 +41,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/gibson_cv}
 WORKERS=${WORKERS:-2}
 SEEDS=${SEEDS:-0 1 2}
-GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
+GIBSON=${GIBSON:-${TRAJRAG_SHARED_DATA:-../shared/data}/gibson-objectnav-v1.1/train/train_info.pbz2}
 LABEL=${LABEL:-trajrag}
 WALKS=${WALKS:-30}
 ROLLOUT_HOMES=${ROLLOUT_HOMES:-0}

@@ -30,7 +30,7 @@ PER_SCAN=${PER_SCAN:-23}
 SEEDS=${SEEDS:-0}
 VOCABS=${VOCABS:-six mp3d21}
 BASELINES=${BASELINES:-frontier,random,frontier-oracle}
-MP3D=${MP3D:-../shared/data/mp3d-bev/scenes}
+MP3D=${MP3D:-${TRAJRAG_SHARED_DATA:-../shared/data}/mp3d-bev/scenes}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
 [ -d "$MP3D" ] || { echo "no MP3D scans at $MP3D (set MP3D=...)" >&2; exit 2; }
 source jobs/steps.sh  # T, say, run, step, memory_encoder_value

@@ -20,7 +20,7 @@ MP3D_RUN=${2:-runs/mp3d}
 PER_SCAN=${PER_SCAN:-10}
 SEED=${SEED:-0}
 WORKERS=${WORKERS:-1}
-MP3D=${MP3D:-../shared/data/mp3d-bev/scenes}
+MP3D=${MP3D:-${TRAJRAG_SHARED_DATA:-../shared/data}/mp3d-bev/scenes}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
 [ -d "$MP3D" ] || { echo "no MP3D scans at $MP3D (set MP3D=...)" >&2; exit 2; }
 for artefact in M E/encoder.json value.json; do

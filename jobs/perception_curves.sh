@@ -28,7 +28,7 @@ WALKS=${WALKS:-15}
 PER_SCENE=${PER_SCENE:-10}
 LEVELS=${LEVELS:-0 0.5 1 2}
 SEED=${SEED:-0}
-GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
+GIBSON=${GIBSON:-${TRAJRAG_SHARED_DATA:-../shared/data}/gibson-objectnav-v1.1/train/train_info.pbz2}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
 [ -f "$GIBSON" ] || { echo "no Gibson file at $GIBSON (set GIBSON=...)" >&2; exit 2; }
 source jobs/steps.sh  # T, say, run, step, memory_encoder_value

@@ -13,8 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MP3D_RUN=${1:-runs/mp3d}; GIBSON_RUN=${2:-runs/perception}; OUT=${3:-runs/transfer}
 WORKERS=${WORKERS:-2}; PER_SCAN=${PER_SCAN:-8}; PER_SCENE=${PER_SCENE:-10}
-MP3D=${MP3D:-../shared/data/mp3d-bev/scenes}
-GIBSON=${GIBSON:-../shared/data/gibson-objectnav-v1.1/train/train_info.pbz2}
+MP3D=${MP3D:-${TRAJRAG_SHARED_DATA:-../shared/data}/mp3d-bev/scenes}
+GIBSON=${GIBSON:-${TRAJRAG_SHARED_DATA:-../shared/data}/gibson-objectnav-v1.1/train/train_info.pbz2}
 read -r -a WORLD_ARGS <<< "${WORLD:---set sim.width=320 --set sim.height=240}"
 T=.venv/bin/trajrag
 mkdir -p "$OUT"

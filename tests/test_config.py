@@ -59,6 +59,16 @@ def test_every_set_in_the_docs_jobs_and_tests_names_a_real_key():
         config._check_key(config._merged(section), section, f"{key}=x")
 
 
+def test_the_shared_data_paths_follow_trajrag_shared_data(monkeypatch):
+    """A checkout whose ../shared/data is elsewhere names it once, as the tests and notebooks do."""
+    monkeypatch.delenv("TRAJRAG_SHARED_DATA", raising=False)
+    assert config.load("bench").mp3d_scenes == "../shared/data/mp3d-bev/scenes"
+    monkeypatch.setenv("TRAJRAG_SHARED_DATA", "/data/shared")
+    assert config.load("bench").gibson_scenes == "/data/shared/gibson-objectnav-v1.1/train/train_info.pbz2"
+    run = config.load("run", config.preset_overrides(["mp3d"]))
+    assert (run.corpus_scenes, run.scenes) == ("/data/shared/mp3d-bev/scenes@rest",
+                                               "/data/shared/mp3d-bev/scenes@held_out")
+
 def test_the_ray_up_head_keeps_its_dashboard_on_loopback():
     """Jobs reach it through ``ray dashboard``'s SSH tunnel (cluster/README.md); on 0.0.0.0 its job
     API would run code for anyone who reaches the port."""
