@@ -8,6 +8,8 @@ import os
 import pickle
 import re
 import bz2
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,16 @@ def test_doctor_on_gibson_train(gibson_train_path, capsys):
     assert report["scenes"] == 25
     assert report["starts_traversable_frac"] == 1.0 and report["goals_reachable_frac"] == 1.0
 
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`trajrag ... --json | head`: no traceback when the pipe closes before the output is out."""
+    command = [sys.executable, "-m", "trajrag", "episodes", "check", "--scenes", "procedural:val:1",
+               "--episodes", "generated:2", "--json"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the command prints
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 @pytest.mark.parametrize("scenes,episodes,needle", [
     ("procedural:nope:3", "generated:1", "procedural:SPLIT:N"),

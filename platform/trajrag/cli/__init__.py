@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -125,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_presets(args)
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (`trajrag ... --json | head`): stop quietly, as Unix tools do, with
+        # stdout pointed at /dev/null so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # noqa: BLE001 - user errors become one line, the rest re-raise
         if not isinstance(exc, _user_errors()):
             raise
