@@ -86,7 +86,7 @@ def test_the_results_table_of_one_folder_shows_the_same_paired_differences(two_s
     table = write_results_table({"frontier": {"episodes": 2}, "trajrag": {"episodes": 2}}, seed0)
     (result,) = compare_runs([seed0], "frontier", ["trajrag"])
     low, high = result.d_spl_interval
-    assert f"| trajrag | 2 | +0.500 [" in table and f"+0.350 [{low:+.3f}, {high:+.3f}]" in table
+    assert "| trajrag | 2 | +0.500 [" in table and f"+0.350 [{low:+.3f}, {high:+.3f}]" in table
 
 
 def test_runs_walked_in_another_world_are_flagged(two_seeds, capsys):

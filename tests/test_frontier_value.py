@@ -354,7 +354,7 @@ def test_a_model_copied_without_its_experience_or_with_a_damaged_one_is_one_line
     for data in (experience_path(path) / "frontier_candidates.lance" / "data").glob("*.lance"):
         data.write_bytes(data.read_bytes()[:100])  # truncated
     for in_memory in (True, False):
-        with pytest.raises(ExperienceError, match=rf"value\.experience: the frontier experience table cannot be read"):
+        with pytest.raises(ExperienceError, match=r"value\.experience: the frontier experience table cannot be read"):
             index = ExperienceIndex(experience_path(path), len(model.feature_names), k=4, in_memory=in_memory)
             index.advantage(model.standardise(_decisions(1, seed=1)[0].features), "toilet")
 

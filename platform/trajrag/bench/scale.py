@@ -610,18 +610,8 @@ def measure_lancedb(store: Any, store_uri: str, src: Source, groups: Groups, cfg
                unfiltered_exact_ms_p50=unfiltered["unfiltered_exact_ms_p50"])
     del exact, embeddings
     if cfg.retriever:
-        out.update(_retriever_or_reason(store, src, groups, cfg, settings, rng))
+        out.update(measure_retriever(store, src, groups, cfg.ann, cfg, settings, rng))
     return out
-
-
-def _retriever_or_reason(store: Any, src: Source, groups: Groups, cfg: ScaleBenchConfig,
-                         settings: Settings, rng: np.random.Generator) -> dict:
-    """The retriever's figures, or why they are missing (its API is still being written)."""
-    try:
-        from trajrag.retrieval.retriever import Retriever  # noqa: F401
-    except ImportError as exc:
-        return {"retriever_skipped": f"trajrag.retrieval.retriever.Retriever not importable: {exc}"}
-    return measure_retriever(store, src, groups, cfg.ann, cfg, settings, rng)
 
 
 def _compare(want: list, got: list, same: bool, max_diff: float) -> tuple[bool, float]:

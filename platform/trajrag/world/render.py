@@ -260,7 +260,6 @@ class Renderer:
         cam = self.intrinsics
         w, h = cam.width, cam.height
         rays = self.rays(raster.cell_size)
-        n = rays.z.shape[0]  # samples + sentinel
         codes, cells_x = self._march(raster, rays, x, y, yaw, with_rgb)
         runs = self._run_lengths(raster, rays, codes)
         # Pixels in column-major, bottom-up order: pixel (c, b) is image (h - 1 - b, c).
