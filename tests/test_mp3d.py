@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 from scipy import ndimage
 from numpy.lib import format as npy_format
 
+from conftest import REPO
 from trajrag import config
 from trajrag.cli.episodes import check_dataset
 from trajrag.safe_pickle import UnsafePickleError
@@ -122,6 +124,25 @@ def test_a_scan_without_the_goal_category_gives_an_error_naming_it(tmp_path):
     report = check_dataset(str(tmp_path), "generated:4", config.settings(["episodes.goal_categories=[chair,toilet]"]))
     assert report["per_category"]["chair"]["episodes"] == 4 and "toilet" not in report["per_category"]
 
+
+
+def test_the_fragment_count_names_episodes_whose_nearest_toilet_is_one_stray_cell(tmp_path):
+    """jobs/goal_fragments.py: a single toilet-labelled cell in the first room is nearer to every
+    start there than the toilet in the second; with no toilet but the speck, only fragments."""
+    spec = importlib.util.spec_from_file_location("goal_fragments", REPO / "jobs" / "goal_fragments.py")
+    goal_fragments = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(goal_fragments)
+    speck = two_rooms()
+    speck[30, 20] = TOILET
+    only_speck = two_rooms(with_toilet=False)
+    only_speck[30, 20] = TOILET
+    write_scan(tmp_path, "speckAAAAAA", speck)
+    write_scan(tmp_path, "speckBBBBBB", only_speck)
+    settings = config.settings(["episodes.goal_categories=[toilet]"])
+    counts = goal_fragments.count(str(tmp_path), ["generated:6"], 4, settings)
+    assert counts["episodes"] == 12 and counts["only_fragments"] == 6 and counts["only_fragments.toilet"] == 6
+    assert 1 <= counts["nearest_is_fragment"] <= 6  # the starts nearer the speck than the real toilet
+    assert goal_fragments.count(str(tmp_path), ["generated:6"], 0, settings) == {"episodes": 12}
 
 def test_generated_episodes_on_a_synthetic_scan_start_on_floor_and_reach_the_goal(scan_folder):
     report = check_dataset(str(scan_folder), "generated:6", config.settings())
