@@ -21,6 +21,7 @@ from trajrag.safe_pickle import UnsafePickleError
 from trajrag.world.datasets import DatasetError, load_episodes, load_scenes
 from trajrag.world.frames import habitat_to_map_xy
 from trajrag.world.mp3d import BEV_FILE, load_mp3d_scenes
+from trajrag.world.scene import NO_CATEGORY
 
 WALL, FLOOR, CHAIR, TABLE, TOILET, DOOR = 1, 2, 3, 5, 18, 4
 MIN_X, MIN_Z = 480, 470  # the crop's first column (habitat X) and row (habitat Z) in the 1000 x 1000 grid
@@ -60,6 +61,11 @@ def scan_folder(tmp_path):
 
 def habitat_cell(scene, x: float, z: float) -> tuple[int, int]:
     return tuple(scene.to_cell(habitat_to_map_xy((x, 0.0, z))))
+
+
+def bev_cell(scene, row: int, col: int) -> tuple[int, int]:
+    """The scene cell at the centre of BEV cell (row, col), by the data README's formula."""
+    return habitat_cell(scene, (col + MIN_X + 0.5) * 0.1 - 50, (row + MIN_Z + 0.5) * 0.1 - 50)
 
 
 def test_a_synthetic_scan_loads_in_the_habitat_frame_with_its_labels(scan_folder):
@@ -143,6 +149,15 @@ def test_the_fragment_count_names_episodes_whose_nearest_toilet_is_one_stray_cel
     assert counts["episodes"] == 12 and counts["only_fragments"] == 6 and counts["only_fragments.toilet"] == 6
     assert 1 <= counts["nearest_is_fragment"] <= 6  # the starts nearer the speck than the real toilet
     assert goal_fragments.count(str(tmp_path), ["generated:6"], 0, settings) == {"episodes": 12}
+
+    # mp3d.fragment_max_cells: the speck takes the floor around it; the real toilet stays
+    cleaned = settings.with_overrides(["mp3d.fragment_max_cells=1"])
+    with_speck, without = load_scenes(str(tmp_path), cleaned)
+    assert with_speck.category_map[bev_cell(with_speck, 30, 20)] == NO_CATEGORY
+    assert with_speck.traversable[bev_cell(with_speck, 30, 20)]
+    assert with_speck.category_map[bev_cell(with_speck, 29, 79)] == with_speck.category_id("toilet")
+    assert "toilet" not in without.present_categories()
+    assert goal_fragments.count(str(tmp_path / "scenes"), ["generated:6"], 4, cleaned) == {"episodes": 6}
 
 def test_generated_episodes_on_a_synthetic_scan_start_on_floor_and_reach_the_goal(scan_folder):
     report = check_dataset(str(scan_folder), "generated:6", config.settings())

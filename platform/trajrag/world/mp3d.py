@@ -17,7 +17,9 @@ How a scan becomes a ``Scene`` (one per scan, ``mp3d/<scan>/0``: the files hold 
 * walls: void (never observed), wall and every label in ``wall_labels`` (structure: doors,
   windows, stairs, columns...), plus any label outside ``labels`` (reported in ``meta``).
 * objects: every other label is an object category (its mpcat40 name); instances are the
-  ``instance_connectivity``-connected components of each label.
+  ``instance_connectivity``-connected components of each label. With ``fragment_max_cells`` a
+  component of at most that many cells (a stray projected cell, not an object) first takes the
+  label most common around it.
 * resolution: each 10 cm source cell becomes ``upsample`` x ``upsample`` cells, so the rest of the
   stack (maps, renderer, geodesics) runs at its usual 5 cm.
 
@@ -53,6 +55,8 @@ class Mp3dConfig:
     each axis (cell_size = source_cell_size / upsample). grid_offset_m: habitat X / Z of the
     files' grid cell 0 corner. floor_erosion_cells: source cells eroded off the floor label.
     floor_height: habitat Y of the ground floor, metres. instance_connectivity: 4 or 8.
+    fragment_max_cells: source cells; object components this small take the label around them
+    (0: none).
     labels: mpcat40 id -> name. floor_label, void_label: ids. wall_labels: names drawn as walls.
     held_out_scans: scans kept out of a corpus for evaluation on unseen homes (``FOLDER@held_out``
     / ``FOLDER@rest``). The goal vocabularies are ``episodes.goal_categories`` (six, as Gibson)
@@ -65,6 +69,7 @@ class Mp3dConfig:
     floor_erosion_cells: int
     floor_height: float
     instance_connectivity: int
+    fragment_max_cells: int
     labels: dict[int, str]
     floor_label: int
     void_label: int
@@ -92,6 +97,8 @@ def check_config(cfg: Mp3dConfig) -> None:
         raise config_mod.ConfigError(
             f"mp3d: need source_cell_size > 0, upsample >= 1 and floor_erosion_cells >= 0, got "
             f"{cfg.source_cell_size}, {cfg.upsample}, {cfg.floor_erosion_cells}")
+    if cfg.fragment_max_cells < 0:
+        raise config_mod.ConfigError(f"mp3d.fragment_max_cells must be >= 0, got {cfg.fragment_max_cells}")
     if cfg.instance_connectivity not in (4, 8):
         raise config_mod.ConfigError(f"mp3d.instance_connectivity must be 4 or 8, got {cfg.instance_connectivity}")
     unknown = sorted(set(cfg.wall_labels) - set(cfg.labels.values()))
@@ -170,8 +177,9 @@ def read_bev(path: Path | str) -> dict[str, Any]:
 def build_scene(scan: str, bev: Mapping[str, Any], cfg: Mp3dConfig, source: str = "<memory>") -> Scene:
     """One scan's BEV dict -> ``Scene`` (see the module doc)."""
     labels, min_x, min_z = _validate(bev, f"{source}: scan {scan!r}")
-    grid = labels.T  # rows along habitat X (map y), columns along Z (map x)
     objects = cfg.object_labels()
+    # rows along habitat X (map y), columns along Z (map x)
+    grid = _absorb_fragments(labels.T, list(objects), cfg.fragment_max_cells, cfg.instance_connectivity)
     traversable = _erode(grid == cfg.floor_label, cfg.floor_erosion_cells)
     is_object = np.isin(grid, list(objects))
     no_wall = (grid == cfg.floor_label) | is_object
@@ -231,6 +239,30 @@ def _erode(mask: np.ndarray, cells: int) -> np.ndarray:
 def _upsample(grid: np.ndarray, factor: int) -> np.ndarray:
     """Each cell -> ``factor`` x ``factor`` cells of the same value."""
     return grid.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else grid.copy()
+
+
+def _absorb_fragments(grid: np.ndarray, object_labels: list[int], max_cells: int, connectivity: int) -> np.ndarray:
+    """``grid`` with each connected component of an object label of at most ``max_cells`` cells
+    relabelled to the label most common among its neighbours (the lowest id on a tie), read from
+    ``grid`` as given so that the order of the components does not matter."""
+    if max_cells <= 0:
+        return grid
+    out = grid.copy()
+    structure = ndimage.generate_binary_structure(2, 2 if connectivity == 8 else 1)
+    around = ndimage.generate_binary_structure(2, 2)
+    for label in np.unique(grid[np.isin(grid, object_labels)]):
+        components, _ = ndimage.label(grid == label, structure=structure)
+        sizes = np.bincount(components.ravel())
+        for component, box in enumerate(ndimage.find_objects(components), start=1):
+            if box is None or sizes[component] > max_cells:
+                continue
+            window = tuple(slice(max(s.start - 1, 0), s.stop + 1) for s in box)
+            mine = components[window] == component
+            ring = ndimage.binary_dilation(mine, structure=around) & ~mine
+            values, counts = np.unique(grid[window][ring], return_counts=True)
+            if len(values):
+                out[window][mine] = values[np.argmax(counts)]
+    return out
 
 
 def _instances(grid: np.ndarray, is_object: np.ndarray, category_of_label: dict[int, int],
