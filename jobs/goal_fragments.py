@@ -8,7 +8,8 @@ half a metre (a fragment was the nearest), or there is no reachable goal at all 
 Prints one JSON object, per category too (docs/notes/2026-12-06-mp3d-homes.md).
 
     PYTHONPATH=platform .venv/bin/python jobs/goal_fragments.py \\
-        --scenes ../shared/data/mp3d-bev/scenes@held_out --episodes generated:23:0 --max-cells 4
+        --scenes ../shared/data/mp3d-bev/scenes@held_out --episodes generated:23:0 --max-cells 4 \\
+        [--set mp3d.fragment_max_cells=1]
 """
 
 from __future__ import annotations
@@ -68,9 +69,12 @@ def main() -> None:
     parser.add_argument("--episodes", required=True, nargs="+", help="one or more episode specs")
     parser.add_argument("--max-cells", type=int, default=4,
                         help="a fragment has at most this many of the scene's cells (MP3D: 4 = one 10 cm cell)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a value of configs/ (e.g. mp3d.fragment_max_cells=1)")
     args = parser.parse_args()
+    config.check_overrides(args.overrides)
     print(json.dumps({"max_cells": args.max_cells,
-                      **count(args.scenes, args.episodes, args.max_cells, config.settings())}))
+                      **count(args.scenes, args.episodes, args.max_cells, config.settings(args.overrides))}))
 
 
 if __name__ == "__main__":
