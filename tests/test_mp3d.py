@@ -105,6 +105,16 @@ def test_held_out_and_rest_split_the_scans_by_the_config_list(tmp_path):
         load_scenes(f"{tmp_path}@held_out", config.settings(["mp3d.held_out_scans=[elsewhere]"]))
 
 
+def test_one_scans_own_folder_is_that_one_home(tmp_path):
+    for scan in ("scanA", "scanB"):
+        write_scan(tmp_path, scan, two_rooms())
+    settings = config.settings()
+    (alone,) = load_scenes(str(tmp_path / "scenes" / "scanB"), settings)
+    among = {s.name: s for s in load_scenes(str(tmp_path), settings)}["mp3d/scanB/0"]
+    assert alone.name == "mp3d/scanB/0"
+    assert np.array_equal(alone.category_map, among.category_map) and np.array_equal(alone.traversable, among.traversable)
+
+
 class _RunsCode:
     def __reduce__(self):
         return (os.system, ("touch /tmp/trajrag-mp3d-pwned",))

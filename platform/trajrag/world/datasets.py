@@ -6,8 +6,8 @@ Scene specs (``load_scenes``):
   ``...@held_out`` keeps only the scenes of ``gibson.held_out_scenes`` and ``...@rest`` every
   other one (an evaluation on unseen homes with a corpus from the remaining ones);
 * a folder of Matterport3D scans, ``<scan>/BEV_semantic_map.npy`` (or the folder holding
-  ``scenes/``): one scene per scan (``world/mp3d.py``); ``@held_out`` / ``@rest`` select by
-  ``mp3d.held_out_scans``;
+  ``scenes/``, or one scan's own folder): one scene per scan (``world/mp3d.py``); ``@held_out`` /
+  ``@rest`` select by ``mp3d.held_out_scans``;
 * ``procedural:SPLIT:N``: ``N`` procedural homes of split ``train``, ``val`` or ``test``;
   ``procedural:SPLIT:A-B``: its homes ``A`` to ``B - 1``.
 

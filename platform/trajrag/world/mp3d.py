@@ -107,13 +107,18 @@ def check_config(cfg: Mp3dConfig) -> None:
 
 
 def is_mp3d_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder of scans (``<scan>/BEV_semantic_map.npy``) or holds ``scenes/``."""
-    return path.is_dir() and (any(path.glob(f"*/{BEV_FILE}")) or any(path.glob(f"scenes/*/{BEV_FILE}")))
+    """Whether ``path`` is a folder of scans (``<scan>/BEV_semantic_map.npy``), holds ``scenes/``,
+    or is one scan's folder."""
+    return path.is_dir() and ((path / BEV_FILE).is_file() or any(path.glob(f"*/{BEV_FILE}"))
+                              or any(path.glob(f"scenes/*/{BEV_FILE}")))
 
 
 def scan_files(folder: Path) -> list[Path]:
-    """The ``<scan>/BEV_semantic_map.npy`` files of ``folder`` (or of ``folder/scenes``), by scan."""
+    """The ``<scan>/BEV_semantic_map.npy`` files of ``folder`` (or of ``folder/scenes``), by scan;
+    a scan's own folder gives its one file (the scan is the folder's name)."""
     folder = Path(folder).expanduser()
+    if (folder / BEV_FILE).is_file():
+        return [folder / BEV_FILE]
     root = folder / "scenes" if not any(folder.glob(f"*/{BEV_FILE}")) else folder
     return sorted(root.glob(f"*/{BEV_FILE}"), key=lambda p: p.parent.name)
 
