@@ -177,6 +177,26 @@ def test_pictures_draw_the_lost_and_won_episodes_with_an_index(one_home_runs, ho
     assert "| [lost-01.png](lost-01.png) |" in index and "| 1 |" in index  # the worse loss, episode 1
 
 
+def test_pictures_draw_each_run_in_the_world_it_walked(one_home_runs, home, tmp_path, monkeypatch):
+    """A run walked with world settings (here another draw of the procedural homes) is drawn in that
+    world, not in the one configs/*.yaml builds: its goals and walls as the agent met them."""
+    from trajrag.agent import results_table
+    from trajrag.agent.run_claims import run_settings
+    from trajrag.world.datasets import load_scenes
+
+    world = ["procedural.split_offsets.train=7"]
+    for label in ("frontier", "trajrag"):
+        settings = run_settings(label, config.settings(world))
+        (one_home_runs / label / "run.json").write_text(json.dumps(settings))
+    drawn = []
+    monkeypatch.setattr(results_table, "render_pair_png", lambda scene, *args: drawn.append(scene))
+    assert main(["compare", str(one_home_runs), "--runs", "trajrag", "--pictures", str(tmp_path / "pics"),
+                 "--scenes", "procedural:train:1", "--json"]) == 0
+    walked = load_scenes("procedural:train:1", config.settings(world))[0]
+    assert walked.traversable.shape != home.traversable.shape or (walked.traversable != home.traversable).any()
+    assert len(drawn) == 3 and all(np.array_equal(s.traversable, walked.traversable) for s in drawn)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--pictures", "PICS"], "--pictures needs --scenes"),
     (["--pictures", "PICS", "--scenes", "procedural:train:1-2"], "which --scenes procedural:train:1-2 does not hold"),

@@ -123,12 +123,26 @@ def world_differences(folder: Path, run: str, baseline: str) -> list[str]:
         except (OSError, RunSettingsError):
             return []
     formats = [s.get("format") for s in stored]
-    mine, theirs = ({k: v for k, v in s.get("overrides", {}).items() if k.split(".")[0] in WORLD_SECTIONS}
-                    for s in stored)
+    mine, theirs = (_world_of(s) for s in stored)
     notes = [f"format: {formats[0]} ({run}) vs {formats[1]} ({baseline}): success scored differently"] \
         if formats[0] != formats[1] else []
     return notes + [f"{key}: {mine.get(key, '(default)')} ({run}) vs {theirs.get(key, '(default)')} ({baseline})"
                     for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+
+
+def world_overrides(folder: Path, label: str) -> list[str]:
+    """The world settings (``WORLD_SECTIONS``) run ``label`` in ``folder`` was walked with, as
+    ``--set`` strings from its run.json; none for a run walked before run.json existed.
+    ``RunSettingsError`` names a run.json that cannot be read."""
+    try:
+        stored = read_run_settings(AgentRun(label, folder / label).settings_path)
+    except FileNotFoundError:
+        return []
+    return [f"{key}={value}" for key, value in sorted(_world_of(stored).items())]
+
+
+def _world_of(stored: dict) -> dict[str, str]:
+    return {k: v for k, v in stored.get("overrides", {}).items() if k.split(".")[0] in WORLD_SECTIONS}
 
 
 def _success_spl(record: dict) -> tuple[float, float]:

@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "outlined: DIR/<run>-vs-<baseline>/lost-NN.png, won-NN.png and index.md (needs --scenes)")
     parser.add_argument("--scenes", default="", metavar="SCENES",
                         help="the scenes the episodes ran in, as for trajrag eval (for --pictures; with folds "
-                        "of one Gibson file, the whole file: GIBSON/train_info.pbz2)")
+                        "of one Gibson file, the whole file: GIBSON/train_info.pbz2); each run's are built with the "
+                        "world settings of its run.json, as it walked them")
     parser.add_argument("--pictures-per-kind", type=int, default=6, metavar="N",
                         help="lost and won episodes drawn per run, the largest SPL differences first (default: 6)")
     parser.set_defaults(func=compare_command)
@@ -89,14 +90,10 @@ def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
     """Each run's lost and won episodes as pictures (``--pictures``); run -> its index.md."""
     from trajrag.agent.paired import discordant_pairs
     from trajrag.agent.results_table import render_pair_png
-    from trajrag.world.datasets import DatasetError, load_scenes
 
-    try:  # compare takes no --set: the scenes as configs/*.yaml build them
-        scenes = {s.name: s for s in load_scenes(args.scenes, config.settings())}
-    except (DatasetError, OSError, ValueError) as error:
-        raise UserError(f"--scenes {args.scenes}: {error}") from error
     folders = [Path(f) for f in args.folders]
     index_paths = {}
+    worlds: dict[tuple[str, ...], dict] = {}
     for run in runs:
         out = args.pictures / f"{run}-vs-{args.baseline}"
         out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +105,7 @@ def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
                  "|---|---|---|---|---|---|---|"]
         for kind, pairs in (("lost", lost), ("won", won)):
             for n, pair in enumerate(pairs[: args.pictures_per_kind], start=1):
+                scenes = _scenes_walked(args.scenes, pair.folder, run, worlds)
                 scene_key = pair.run["scene_key"]
                 if scene_key not in scenes:
                     raise UserError(f"{pair.folder}: episode {pair.run['episode_id']} ran in {scene_key}, "
@@ -121,6 +119,22 @@ def _draw_pictures(args: argparse.Namespace, runs: list[str]) -> dict[str, str]:
         index_paths[run] = str(out / "index.md")
         print(f"pictures: {out / 'index.md'} ({len(lost)} lost, {len(won)} won)", file=sys.stderr)
     return index_paths
+
+
+def _scenes_walked(spec: str, folder: Path, run: str, worlds: dict[tuple[str, ...], dict]) -> dict:
+    """The scenes of ``spec`` by name as ``run`` in ``folder`` walked them: built with the world
+    settings of its run.json (``mp3d.fragment_max_cells``, a Gibson goal-region rule...), so a
+    picture shows the goals that episode had; ``worlds`` caches them per world."""
+    from trajrag.agent.paired import world_overrides
+    from trajrag.world.datasets import DatasetError, load_scenes
+
+    world = tuple(world_overrides(folder, run))
+    if world not in worlds:
+        try:
+            worlds[world] = {s.name: s for s in load_scenes(spec, config.settings(list(world)))}
+        except (DatasetError, OSError, ValueError) as error:
+            raise UserError(f"--scenes {spec}: {error}") from error
+    return worlds[world]
 
 
 def _points(d: float, interval: tuple[float, float]) -> str:
