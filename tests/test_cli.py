@@ -523,3 +523,16 @@ def test_help_shows_defaults_and_what_each_bench_measures(capsys):
     assert "no Ray); default: 0" in " ".join(help_of("value", "fit").split())
     assert "purity" in help_of("corpus", "stats")
     assert f"run.scenes = {config.load('run').scenes}" in " ".join(help_of("run").split())
+
+
+def test_progress_shows_on_a_terminal_even_with_json_and_never_in_a_log(monkeypatch, capsys):
+    """`--json` keeps stdout one JSON object; the progress bar goes to stderr when someone watches it
+    (a terminal), not into a log file or a pipe."""
+    argv = ["episodes", "check", "--scenes", "procedural:val:1", "--episodes", "generated:1", "--json"]
+    assert main(argv) == 0
+    logged = capsys.readouterr()
+    assert json.loads(logged.out)["episodes"] == 1 and "goal mapping" not in logged.err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    watched = capsys.readouterr()
+    assert json.loads(watched.out) == json.loads(logged.out) and "goal mapping" in watched.err

@@ -312,8 +312,8 @@ def run(args: argparse.Namespace, settings: Settings) -> dict:
     own_ray = ensure_ray(None, max(os.cpu_count() or 1, *cfg.corpus_workers, math.ceil(max(served, replay))))
     try:
         result = corpus_throughput(scenes, per_scene, policy, list(cfg.corpus_workers), corpus,
-                                   progress=not args.json)
-        result.update(eval_and_serve(cfg, args.quick, settings, progress=not args.json))
+                                   progress=args.progress)
+        result.update(eval_and_serve(cfg, args.quick, settings, progress=args.progress))
     finally:
         if own_ray:
             import ray

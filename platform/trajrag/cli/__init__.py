@@ -109,6 +109,12 @@ def apply_presets(args: argparse.Namespace) -> None:
     args.settings = config.settings(args.overrides)
 
 
+def wants_progress(args: argparse.Namespace) -> bool:
+    """Progress bars and stage lines on stderr: always without ``--json``, and with it only when
+    stderr is a terminal (the JSON is on stdout either way; a log file or a pipe stays quiet)."""
+    return not getattr(args, "json", False) or sys.stderr.isatty()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trajrag",
@@ -123,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.progress = wants_progress(args)
     try:
         apply_presets(args)
         return int(args.func(args) or 0)

@@ -127,14 +127,14 @@ def build_command(args: argparse.Namespace) -> int:
 
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.settings, seed=args.seed, workers=args.workers, writers=args.writers,
-                                   progress=not args.json, ray_address=args.ray_address,
+                                   progress=args.progress, ray_address=args.ray_address,
                                    mixed_settings=args.mixed_settings)
         print(json.dumps(summary, indent=None if args.json else 2))
         return 0
     from trajrag.agent.corpus import build_corpus
 
     summary = build_corpus(args.scenes, args.episodes_per_scene, args.policy, args.store, args.settings,
-                           seed=args.seed, progress=not args.json, writers=args.writers,
+                           seed=args.seed, progress=args.progress, writers=args.writers,
                            mixed_settings=args.mixed_settings)
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
@@ -148,7 +148,7 @@ def regroup_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.writers < 1:
         raise UserError(f"--writers must be >= 1, got {args.writers}")
-    replayed = regroup(args.store, args.out, args.settings.memory, progress=not args.json,
+    replayed = regroup(args.store, args.out, args.settings.memory, progress=args.progress,
                        writers=args.writers)
     seconds = time.perf_counter() - start
     summary = {"source": args.store, "replayed": replayed, **corpus_stats(args.out),
@@ -163,7 +163,7 @@ def fit_verifier_command(args: argparse.Namespace) -> int:
     cfg = args.settings.memory
     start = time.perf_counter()
     try:
-        report = fit(collect(args.store, cfg, progress=not args.json), cfg)
+        report = fit(collect(args.store, cfg, progress=args.progress), cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     report = {"source": args.store, **report, "seconds": round(time.perf_counter() - start, 2)}

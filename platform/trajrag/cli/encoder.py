@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, help="model folder or object-store URI (s3://...) to write")
     train.add_argument("--workers", type=int, default=None,
                        help="Ray Train workers (default: encoder.train.workers)")
-    train.add_argument("--json", action="store_true", help="print one JSON object, no progress")
+    train.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(train)
     train.set_defaults(func=train_command)
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
     cv.add_argument("--workers", type=int, default=None,
                     help="Ray Train workers (default: encoder.train.workers)")
-    cv.add_argument("--json", action="store_true", help="print one JSON object, no progress")
+    cv.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(cv)
     cv.set_defaults(func=cv_command)
 
@@ -82,7 +82,7 @@ def train_command(args: argparse.Namespace) -> int:
     from trajrag.encoder.train import train_encoder
 
     output_folder(args.out, "--out")
-    log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.progress else None
     try:
         result = train_encoder(args.store, args.out, args.settings.encoder, workers=args.workers, log=log)
     except EncoderError as exc:
@@ -113,7 +113,7 @@ def cv_command(args: argparse.Namespace) -> int:
     from trajrag.encoder.crossval import cross_validate
 
     output_folder(args.out, "--out")
-    log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.progress else None
     try:
         result = cross_validate(args.store, args.out, args.folds, args.settings.encoder, workers=args.workers,
                                 log=log)

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check_command(args: argparse.Namespace) -> int:
     mapping_check = None if args.skip_mapping else mappability_check(args.settings)
-    report = check_dataset(args.scenes, args.episodes, args.settings, mapping_check, progress=not args.json)
+    report = check_dataset(args.scenes, args.episodes, args.settings, mapping_check, progress=args.progress)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:

@@ -188,7 +188,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                     continue
                 on_episode = _lifelong(run.label, run.planner, run.settings, out) if args.lifelong else None
                 summary = evaluate_agent(run.label, _agent_factory(known, run), sim, episodes, scenes, out, episode_cfg,
-                                         progress=not args.json, on_episode=on_episode, audit=audit)
+                                         progress=args.progress, on_episode=on_episode, audit=audit)
                 summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}
         table = write_results_table(_all_runs(out), out)
     if len(summaries) == 1:
@@ -273,7 +273,7 @@ def _eval_on_ray(args: argparse.Namespace, ray_job: tuple, runs: list[EvalRun], 
     with ray_for_eval(args.ray_address, cfg, served) if pending else contextlib.nullcontext():
         for run in runs:
             summary = evaluate_ray(run.label, run.planner, scenes, episodes, out, run.settings,
-                                   workers=args.workers, shard=shard, progress=not args.json,
+                                   workers=args.workers, shard=shard, progress=args.progress,
                                    make_agent=known.home_agent_factory(run.planner, run.settings, _registry_agent(run)),
                                    wrap_agent=known.query_wrapper(run.settings))
             summaries[run.label] = {"planner": run.planner, "variant_overrides": run.variant_overrides, **summary}

@@ -189,7 +189,7 @@ def build_memories(known: KnownHomes, args: argparse.Namespace, runs: Sequence[A
         raise UserError(str(exc)) from None
     print(f"revisit: {revisit.walks} earlier walks in each of {len(known.plan)} homes -> {known.memories.root}",
           file=sys.stderr)
-    built = known.memories.build(known.plan, scenes, _collector(revisit.policy, walk_settings, args.json),
+    built = known.memories.build(known.plan, scenes, _collector(revisit.policy, walk_settings, args.progress),
                                  _embedder(args.model, walk_settings, encoder), encoder.version if encoder else None)
     sizes = known.memories.sizes(sorted(built))
     known.report["revisit"] = {"walks_per_home": revisit.walks, "memories": str(known.memories.root),
@@ -206,9 +206,9 @@ def _trajectory_encoder(model_dir: str, settings: Settings):
     return TrajectoryEncoder(model_dir, settings.encoder) if model_dir else None
 
 
-def _collector(policy: str, settings: Settings, quiet: bool):
+def _collector(policy: str, settings: Settings, progress: bool):
     return lambda scene, walks, uri: collect_into([scene], walks, policy, uri, settings,
-                                                  f"revisit memory of {scene.name}", progress=not quiet)
+                                                  f"revisit memory of {scene.name}", progress=progress)
 
 
 def _embedder(model_dir: str, settings: Settings, encoder):

@@ -112,7 +112,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _run_stages(cfg: RunConfig, args: argparse.Namespace, out: Path) -> int:
     settings = args.settings.with_overrides(cfg.overrides, beneath=True)  # the command line's win
     agents = args.agents.split(",") if args.agents else list(cfg.agents)
-    say = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
+    say = (lambda msg: print(msg, file=sys.stderr)) if args.progress else (lambda msg: None)
     seconds: dict[str, float] = {}
     store, model, value = str(out / "memory"), str(out / "model"), str(out / "value.json")
     made = {"retrieval.store": store, "retrieval.model_dir": model}  # what the stages make, for the evaluation
@@ -120,7 +120,7 @@ def _run_stages(cfg: RunConfig, args: argparse.Namespace, out: Path) -> int:
         corpus = encoder = value_report = None
         if any(a in (*RETRIEVING_AGENTS, *VALUE_AGENTS) for a in agents):
             start = time.perf_counter()
-            corpus = build_memory(cfg, store, settings, progress=not args.json, say=say)
+            corpus = build_memory(cfg, store, settings, progress=args.progress, say=say)
             seconds["corpus"] = time.perf_counter() - start
         grew = corpus is not None and corpus["collected"] > 0
         if any(a in RETRIEVING_AGENTS for a in agents):
@@ -254,10 +254,10 @@ def evaluate(cfg: RunConfig, args: argparse.Namespace, agents: list[str], out: P
         for name in agents:
             if cfg.workers > 0:  # evaluator actors; TrajRAG's planner and retriever behind Ray Serve
                 summaries[name] = evaluate_ray(name, name, scenes, episodes, out, settings, workers=cfg.workers,
-                                               progress=not args.json)
+                                               progress=args.progress)
             else:
                 summaries[name] = evaluate_agent(name, lambda: make_agent(name, settings), sim,
-                                                 episodes, scenes, out, episode_cfg, progress=not args.json)
+                                                 episodes, scenes, out, episode_cfg, progress=args.progress)
     table = write_results_table(summaries, out)
     pictures = [render_episode_png(scenes, out, agents, out / "episode.png")]
     if "trajrag" in agents:

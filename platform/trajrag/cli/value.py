@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "default: %(default)s")
     fit.add_argument("--ray-address", default=None,
                      help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
-    fit.add_argument("--json", action="store_true", help="print one JSON object, no progress")
+    fit.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(fit)
     fit.set_defaults(func=fit_command)
 
@@ -88,7 +88,7 @@ def fit_command(args: argparse.Namespace) -> int:
     if kept:
         report = fit_value_from_kept(_listed(args.decisions), _listed(args.store), args.out, args.settings)
     else:
-        report = fit_value(args.scenes, args.episodes, args.out, args.settings, progress=not args.json,
+        report = fit_value(args.scenes, args.episodes, args.out, args.settings, progress=args.progress,
                            save_decisions=args.save_decisions, workers=args.workers, ray_address=args.ray_address)
     print(json.dumps({"out": args.out, **report}))
     if not args.json:
