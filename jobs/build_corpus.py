@@ -16,7 +16,7 @@ import json
 import sys
 
 from trajrag import artefacts
-from trajrag.cli import UserError, add_override_arg, apply_presets, output_folder
+from trajrag.cli import UserError, add_override_arg, apply_presets, output_folder, wants_progress
 from trajrag.cli.episodes import SCENES_HELP
 from trajrag.config import ConfigError
 from trajrag.memory.store import StoreError
@@ -36,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="episode seed (default: episodes.seed)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
     parser.add_argument("--summary", default=None, help="also write the summary JSON here (a path or s3://... URI)")
-    parser.add_argument("--json", action="store_true", help="no progress bar; print one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON line (progress only on a terminal's stderr)")
     parser.add_argument("--mixed-settings", action="store_true",
                         help="add walks to a store collected with other world or sensor settings "
                              "(refused otherwise, naming the keys that differ)")
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         output_folder(args.store, "--store")
         summary = build_corpus_ray(args.scenes, args.episodes_per_scene, args.policy, args.store,
                                    args.settings, seed=args.seed, workers=args.workers,
-                                   progress=not args.json, ray_address=args.ray_address,
+                                   progress=wants_progress(args), ray_address=args.ray_address,
                                    mixed_settings=args.mixed_settings, writers=args.writers)
     except (UserError, ConfigError, FileNotFoundError, StoreError) as exc:
         print(f"build_corpus: error: {exc}", file=sys.stderr)

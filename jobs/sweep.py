@@ -18,7 +18,7 @@ import contextlib
 import json
 import sys
 
-from trajrag.cli import UserError, add_override_arg, apply_presets
+from trajrag.cli import UserError, add_override_arg, apply_presets, wants_progress
 from trajrag.config import ConfigError
 
 
@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="output folder or URI (best_config.json, results.csv, tune/)")
     parser.add_argument("--samples", type=int, default=None, help="trials (default: sweep.num_samples)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS or local)")
-    parser.add_argument("--json", action="store_true", help="no progress output; print one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON line (progress only on a terminal's stderr)")
     add_override_arg(parser)
     return parser.parse_args(argv)
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         # Tune prints its tables to stdout: keep stdout for the summary JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
             summary = sweep(args.store, args.model, args.out, args.settings, num_samples=args.samples,
-                            progress=not args.json, ray_address=args.ray_address)
+                            progress=wants_progress(args), ray_address=args.ray_address)
     except (UserError, ConfigError, FileNotFoundError, *DATA_ERRORS) as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
         return 2

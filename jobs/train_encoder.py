@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from trajrag.cli import add_override_arg, apply_presets
+from trajrag.cli import add_override_arg, apply_presets, wants_progress
 from trajrag.config import ConfigError
 
 
@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Ray cluster (default: encoder.train.ray_address, $RAY_ADDRESS or local)")
     parser.add_argument("--eval", action="store_true",
                         help="then evaluate on the held-out scenes and write embeddings to the store")
-    parser.add_argument("--json", action="store_true", help="no progress lines; print one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON line (progress only on a terminal's stderr)")
     add_override_arg(parser)
     return parser.parse_args(argv)
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from trajrag.encoder.train import train_encoder
     from trajrag.memory.store import StoreError
 
-    log = None if args.json else (lambda msg: print(msg, file=sys.stderr))
+    log = (lambda msg: print(msg, file=sys.stderr)) if wants_progress(args) else None
     try:
         apply_presets(args)
         settings = args.settings

@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="run a benchmark and print one JSON object", description=DESCRIPTION,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark (see above)")
-    parser.add_argument("--json", action="store_true", help="print JSON only (progress only on a terminal's stderr)")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON only (progress only on a terminal's stderr)")
     parser.add_argument("--quick", action="store_true", help="a smaller run, for smoke tests (sizes above)")
     parser.add_argument("--chunks", type=int, default=None, metavar="N",
                         help="corpus size, read by the scale, experience, store and build benches only (default: "

@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, help="model folder or object-store URI (s3://...) to write")
     train.add_argument("--workers", type=int, default=None,
                        help="Ray Train workers (default: encoder.train.workers)")
-    train.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
+    train.add_argument("--json", action="store_true",
+                       help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(train)
     train.set_defaults(func=train_command)
 
@@ -68,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
     cv.add_argument("--workers", type=int, default=None,
                     help="Ray Train workers (default: encoder.train.workers)")
-    cv.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
+    cv.add_argument("--json", action="store_true",
+                    help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(cv)
     cv.set_defaults(func=cv_command)
 

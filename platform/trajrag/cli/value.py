@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "default: %(default)s")
     fit.add_argument("--ray-address", default=None,
                      help="Ray cluster to join with --workers (default: $RAY_ADDRESS, else a local Ray)")
-    fit.add_argument("--json", action="store_true", help="print one JSON object (progress only on a terminal's stderr)")
+    fit.add_argument("--json", action="store_true",
+                     help="print one JSON object (progress only on a terminal's stderr)")
     add_override_arg(fit)
     fit.set_defaults(func=fit_command)
 
