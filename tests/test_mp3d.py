@@ -112,7 +112,8 @@ def test_one_scans_own_folder_is_that_one_home(tmp_path):
     (alone,) = load_scenes(str(tmp_path / "scenes" / "scanB"), settings)
     among = {s.name: s for s in load_scenes(str(tmp_path), settings)}["mp3d/scanB/0"]
     assert alone.name == "mp3d/scanB/0"
-    assert np.array_equal(alone.category_map, among.category_map) and np.array_equal(alone.traversable, among.traversable)
+    assert np.array_equal(alone.category_map, among.category_map)
+    assert np.array_equal(alone.traversable, among.traversable)
 
 
 class _RunsCode:

@@ -109,8 +109,7 @@ def check_config(cfg: Mp3dConfig) -> None:
 def is_mp3d_folder(path: Path) -> bool:
     """Whether ``path`` is a folder of scans (``<scan>/BEV_semantic_map.npy``), holds ``scenes/``,
     or is one scan's folder."""
-    return path.is_dir() and ((path / BEV_FILE).is_file() or any(path.glob(f"*/{BEV_FILE}"))
-                              or any(path.glob(f"scenes/*/{BEV_FILE}")))
+    return path.is_dir() and bool(scan_files(path))
 
 
 def scan_files(folder: Path) -> list[Path]:
