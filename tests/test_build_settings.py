@@ -8,6 +8,7 @@ import json
 import pytest
 
 from trajrag.cli import main
+from trajrag.memory.build_settings import BuildSettings, BuildSettingsError
 from trajrag.memory.store import MemoryStore
 
 # 1 procedural train home x 2 oracle walks at 64x48: the settings are under test, not the walks.
@@ -63,3 +64,16 @@ def test_another_goal_vocabulary_is_another_memory(tmp_path, capsys, dataset_cha
     assert _build(store, capsys)[0] == 0
     code, err = _build(store, capsys, *dataset_change)
     assert code == 2 and "episodes.goal_categories" in err
+
+
+def test_a_memory_built_before_sliding_existed_takes_walks_without_it_and_refuses_them_with_it(tmp_path):
+    # A row recorded before sim.allow_sliding existed was walked without sliding.
+    memory = BuildSettings(str(tmp_path / "memory"))
+    earlier = {"sim": {"hfov_deg": 79.0}, "perception": {}, "episodes": {}, "datasets": ["mp3d"]}
+    memory.admit(earlier, allow_mixed=False)
+    now = {**earlier, "sim": {"hfov_deg": 79.0, "allow_sliding": False}}
+    memory.admit(now, allow_mixed=False)
+    assert len(memory.recorded()) == 1
+    sliding = {**earlier, "sim": {"hfov_deg": 79.0, "allow_sliding": True}}
+    with pytest.raises(BuildSettingsError, match="sim.allow_sliding: False -> True"):
+        memory.admit(sliding, allow_mixed=False)

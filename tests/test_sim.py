@@ -176,6 +176,34 @@ def test_move_forward_is_blocked_before_a_wall_without_sliding(sim):
     assert obs.collided and sim.pose == start and obs.pose == start
 
 
+@pytest.fixture(scope="module")
+def sliding_sim() -> GridSimulator:
+    return GridSimulator(config_mod.load("sim", ["sim.allow_sliding=true"]))
+
+
+def test_a_blocked_move_slides_along_the_wall_with_sliding(sliding_sim):
+    # habitat-sim's allow_sliding: heading 30 deg into a wall at x = 3 m, the agent keeps the
+    # step's y component and ends against the wall, with the collision reported.
+    scene = make_scene(walls=[(3.0, 0.0, 10.0, 10.0)])
+    yaw = math.radians(30)
+    sliding_sim.reset(scene, Pose2D(2.85, 5.025, yaw))
+    obs = sliding_sim.step(Action.MOVE_FORWARD)
+    assert obs.collided
+    assert 2.95 < obs.pose.x < 3.0 and obs.pose.y == pytest.approx(5.025 + 0.25 * math.sin(yaw))
+    assert obs.pose.yaw == pytest.approx(yaw) and scene.pose_is_valid(obs.pose)
+
+
+def test_a_head_on_or_cornered_move_stops_at_the_obstacle_with_sliding(sliding_sim):
+    scene = make_scene(walls=[(3.0, 0.0, 10.0, 10.0), (0.0, 5.2, 3.0, 10.0)])
+    obs = sliding_sim.reset(scene, Pose2D(2.85, 4.5, 0.0))
+    obs = sliding_sim.step(Action.MOVE_FORWARD)  # head on: up to the wall, nothing to slide
+    assert obs.collided and 2.95 < obs.pose.x < 3.0 and obs.pose.y == pytest.approx(4.5)
+    sliding_sim.reset(scene, Pose2D(2.9, 5.1, math.radians(60)))
+    obs = sliding_sim.step(Action.MOVE_FORWARD)  # into the corner: both slides blocked
+    assert obs.collided and scene.pose_is_valid(obs.pose)
+    assert 2.9 <= obs.pose.x < 3.0 and 5.1 <= obs.pose.y < 5.2
+
+
 def test_move_forward_checks_the_whole_segment(sim):
     # A one-cell-thick non-traversable strip between start and target: both ends are free.
     scene = make_scene(blocked=[(2.25, 0.0, 2.30, 10.0)])

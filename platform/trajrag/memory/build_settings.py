@@ -7,7 +7,9 @@ database: one row per distinct set of settings that walks were added with (``rec
 "datasets": [...]}``, ``agent.collect.collection_settings``). A build whose settings match a
 recorded row adds walks; one that differs is refused, naming the keys, unless the caller asks for
 a mixed memory, which records the new row beside the old ones. A store built before this table
-existed has no row: its first build records its settings from then on.
+existed has no row: its first build records its settings from then on. A setting added after
+memories were built (``ADDED_LATER``) reads, in a row recorded without it, as the behaviour every
+walk had before it existed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from trajrag.memory.side_table import SideTable
 from trajrag.memory.store import StoreError
 
 TABLE = "build_settings"
+# Settings added since the table exists -> the value that means "as every walk was made before".
+ADDED_LATER = {"sim.allow_sliding": False}
 SCHEMA = pa.schema([pa.field("recorded_at", pa.string(), nullable=False),
                     pa.field("settings", pa.string(), nullable=False)])
 
@@ -65,7 +69,8 @@ class BuildSettings:
         """Record ``settings`` unless a row holds them already; ``BuildSettingsError`` naming the
         differing keys (against the newest row) when others are recorded and not ``allow_mixed``.
         Nothing is written when the build is refused."""
-        recorded = [{k: v for k, v in row.items() if k != "recorded_at"} for row in self.recorded()]
+        recorded = [with_added_later({k: v for k, v in row.items() if k != "recorded_at"})
+                    for row in self.recorded()]
         if _canonical(settings) in {_canonical(row) for row in recorded}:
             return
         if recorded and not allow_mixed:
@@ -77,6 +82,17 @@ class BuildSettings:
         row = pa.table({"recorded_at": [datetime.now(timezone.utc).isoformat()],
                         "settings": [_canonical(settings)]}, schema=SCHEMA)
         self._side.append(row)
+
+
+def with_added_later(row: dict) -> dict:
+    """``row`` with each ``ADDED_LATER`` key it lacks set to its earlier behaviour (sections the
+    row has only; the row itself is not changed)."""
+    row = json.loads(_canonical(row))
+    for dotted, value in ADDED_LATER.items():
+        section, key = dotted.split(".")
+        if isinstance(row.get(section), dict):
+            row[section].setdefault(key, value)
+    return row
 
 
 def _canonical(settings: dict) -> str:

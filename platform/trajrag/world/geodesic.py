@@ -429,8 +429,9 @@ def goal_field(scene: Scene, category: str, success_distance: float, radius: int
 @dataclass(frozen=True)
 class Motion:
     """The simulator's motion model, as ``world/sim.py`` applies it: MOVE_FORWARD of
-    ``forward_step`` metres if the segment is free (no sliding), turns of ``turn`` radians,
-    collision samples at most ``collision_step_cells`` cells apart."""
+    ``forward_step`` metres if the segment is free (no sliding: a walk free without it is free with
+    ``sim.allow_sliding`` too), turns of ``turn`` radians, collision samples at most
+    ``collision_step_cells`` cells apart."""
 
     forward_step: float
     turn: float

@@ -52,7 +52,8 @@ class Observations:
     category: int16 (H, W) category id per pixel (index into ``Scene.categories``), -1 for none.
     rgb: uint8 (H, W, 3) synthetic colour image, or None when the rgb sensor is off.
     pose: the agent pose in the map frame (metres, radians).
-    collided: whether the last MOVE_FORWARD was blocked (no sliding: the agent did not move).
+    collided: whether the last MOVE_FORWARD was blocked (the agent did not move, or with
+        ``sim.allow_sliding`` moved less than the step).
     """
 
     depth: np.ndarray

@@ -3,8 +3,12 @@
 ``GridSimulator`` implements ``trajrag.world.interface.Simulator``. Poses are in the map frame
 (``world/frames.py``): TURN_LEFT adds ``turn_angle_deg`` to the yaw (counter-clockwise seen from
 above), TURN_RIGHT subtracts it, MOVE_FORWARD moves ``forward_step`` metres along the heading if
-the whole segment stays on ``Scene.traversable``, and otherwise does not move at all (no sliding;
-``Observations.collided`` is True). STOP only renders. Sensors come from ``world/render.py``.
+the whole segment stays on ``Scene.traversable``. A blocked move (``Observations.collided`` is
+True) leaves the agent where it was, or with ``allow_sliding`` (habitat-sim's default) moves it up
+to the obstacle and slides the rest of the step along it: of the two moves along the map axes that
+carry the remaining displacement's components, the free part that ends nearest the target (the
+traversable area's edges are cell edges, so an axis move is a move along the wall). STOP only
+renders. Sensors come from ``world/render.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class SimConfig:
     sensors: subset of ``SENSORS``; depth and semantic are always on, rgb is optional.
     ray_step_cells: largest ground step between ray samples, in cells.
     collision_step_cells: largest spacing of the collision samples along a move, in cells.
+    allow_sliding: whether a blocked MOVE_FORWARD slides along the obstacle (module doc).
     rgb: synthetic RGB shading (``render.RgbConfig``).
     """
 
@@ -58,6 +63,7 @@ class SimConfig:
     sensors: list[str]
     ray_step_cells: float
     collision_step_cells: float
+    allow_sliding: bool
     rgb: RgbConfig
 
 
@@ -159,11 +165,22 @@ class GridSimulator:
             self._pose = Pose2D(pose.x, pose.y, pose.yaw - turn)
         elif action == Action.MOVE_FORWARD:
             target = pose.xy + self.cfg.forward_step * np.array([math.cos(pose.yaw), math.sin(pose.yaw)])
-            if self.segment_is_free(pose.xy, target):
-                self._pose = Pose2D(float(target[0]), float(target[1]), pose.yaw)
-            else:
-                collided = True
+            collided = not self.segment_is_free(pose.xy, target)
+            end = self._blocked_move_end(pose.xy, target) if collided else target
+            self._pose = Pose2D(float(end[0]), float(end[1]), pose.yaw)
         return self.render(collided)
+
+    def _blocked_move_end(self, start: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """Where a MOVE_FORWARD from ``start`` towards ``target`` (metres) ends when the segment
+        is blocked: ``start`` without sliding, else the free part up to the obstacle and then
+        the better of the two axis slides (module doc)."""
+        if not self.cfg.allow_sliding:
+            return start
+        contact = self.free_prefix_end(start, target)
+        rest = target - contact
+        slides = [self.free_prefix_end(contact, contact + step)
+                  for step in (np.array([rest[0], 0.0]), np.array([0.0, rest[1]])) if step.any()]
+        return min(slides, key=lambda end: float(np.linalg.norm(target - end)), default=contact)
 
     # -- extras -----------------------------------------------------------------------------
     def segment_is_free(self, start: np.ndarray, end: np.ndarray) -> bool:
@@ -171,16 +188,30 @@ class GridSimulator:
 
         Checked at points no more than ``collision_step_cells`` cells apart, both ends included.
         """
-        scene = self.scene
-        spacing = self.cfg.collision_step_cells * scene.cell_size
+        return bool(self._traversable_at(self._collision_samples(start, end)).all())
+
+    def _collision_samples(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Points (N, 2) of ``start -> end``, metres, at most ``collision_step_cells`` cells apart."""
+        spacing = self.cfg.collision_step_cells * self.scene.cell_size
         length = float(np.linalg.norm(np.asarray(end) - np.asarray(start)))
-        n = int(math.ceil(length / spacing)) + 1
-        points = np.linspace(start, end, n)
+        return np.linspace(start, end, int(math.ceil(length / spacing)) + 1)
+
+    def _traversable_at(self, points: np.ndarray) -> np.ndarray:
+        """Per point (metres), whether it lies on the scene's traversable area (False off the map)."""
+        scene = self.scene
         cells = scene.to_cell(points)
         inside = scene.in_bounds(cells)
-        if not inside.all():
-            return False
-        return bool(scene.traversable[cells[:, 0], cells[:, 1]].all())
+        free = np.zeros(len(points), dtype=bool)
+        free[inside] = scene.traversable[cells[inside, 0], cells[inside, 1]]
+        return free
+
+    def free_prefix_end(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """The last collision sample of ``start -> end`` (metres) before the first one off the
+        traversable area (``end`` itself when the whole segment is free; ``start`` is on it)."""
+        points = self._collision_samples(start, end)
+        free = self._traversable_at(points)
+        blocked = np.flatnonzero(~free)
+        return np.asarray(end, dtype=float) if not len(blocked) else points[max(int(blocked[0]) - 1, 0)]
 
     def render(self, collided: bool = False) -> Observations:
         """Observations at the current pose (no motion)."""
