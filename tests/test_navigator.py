@@ -194,6 +194,23 @@ def test_an_agent_walled_in_by_the_inflation_narrows_its_clearance_before_it_sto
 
 
 @pytest.mark.slow
+def test_an_agent_whose_retrace_led_back_in_vain_narrows_its_clearance_instead_of_pacing(mp3d_scans_path):
+    # MP3D EDJbREhghzL (an @rest scan), seed 0 episode 3, 320x240: no frontier was plannable from
+    # the room the agent reached; each retrace walked the two positions back, the re-decision
+    # failed, and the next retrace walked them again, until the 100 retrace moves and the 500
+    # steps were spent in one metre. Now a retrace that walked its whole way back is followed by
+    # the last resort at once, and the narrowed clearance gets the agent out.
+    settings = config.settings(["sim.width=320", "sim.height=240", "mp3d.fragment_max_cells=1"])
+    scenes = load_scenes(str(mp3d_scans_path / "EDJbREhghzL"), settings)
+    episode = next(e for e in load_episodes("generated:4:0", scenes, settings) if e.episode_id.endswith(":3"))
+    agent = make_frontier_agent(settings)
+    result = run_episode(GridSimulator(settings.sim), agent, episode, scenes[0], settings.episodes)
+    assert agent.stats.clearance_narrowed
+    assert result.metrics.success, (result.outcome, agent.stats.stop_reason, result.metrics.steps)
+    assert agent.stats.retrace_moves < agent.cfg.max_retrace_moves / 2
+
+
+@pytest.mark.slow
 def test_a_goal_found_unreachable_is_tried_again_from_elsewhere(world):
     # Before, one failed approach gave the goal up for the episode, STOP in reach included (on
     # Gibson an agent ended 0.6 m from a bed it had mapped 200 steps earlier); now the agent

@@ -129,6 +129,7 @@ class Navigator:
         self.goal_targets_left: set[tuple[float, float]] = set()  # the ones walked to before it
         self.retrace_path: list[np.ndarray] = []  # positions still to walk back to, last first
         self.retrace_forward = False  # the last retracing action was a MOVE_FORWARD
+        self.retrace_ran_out = False  # a retrace walked its whole path back since a waypoint was reached
         self.rejected_goal: Optional[np.ndarray] = None  # bool map: goal cells verification rejected
         self.verifier.reset()
         self.stats = NavigatorStats()
@@ -259,8 +260,11 @@ class Navigator:
             if action is not None:
                 return action
         for _ in range(2):  # a decision, then at most one re-decision if its waypoint fails at once
-            if self._needs_decision(obs):
-                if not self._decide(obs):
+            if self._needs_decision(obs) and not self._decide(obs):
+                # After a retrace that walked its whole way back in vain, another would only pace
+                # the pocket again (two positions back and forth until the steps run out): the
+                # last resort comes first.
+                if not (self.retrace_ran_out and self._narrow_clearance() and self._decide(obs)):
                     action = self._start_retrace(obs)
                     if action is not None:
                         return action
@@ -278,6 +282,7 @@ class Navigator:
                 # from there (behind furniture, say): it is spent for good, or it would be
                 # chosen again and again.
                 self.spent.append(self.waypoint)
+                self.retrace_ran_out = False
             self.waypoint = None
         self.policy.interrupt()
         return Action.TURN_LEFT  # two failed waypoints in one step: look around and try again
@@ -304,6 +309,7 @@ class Navigator:
         while self.retrace_path and np.linalg.norm(self.retrace_path[-1] - xy) <= _SAME_POSITION_M:
             self.retrace_path.pop()
         stalled = self.retrace_forward and obs.collided  # a reverse move failed: give up
+        self.retrace_ran_out |= not self.retrace_path
         if (stalled or not self.retrace_path or self.stats.retrace_moves >= self.cfg.max_retrace_moves
                 or self._frontier_reachable(obs)):
             self.retrace_path = []
@@ -404,7 +410,8 @@ class Navigator:
         gap the agent fits through: at two Gibson starts in Hiteman (line-of-sight goal regions,
         nearest frontier) the one way out of the room ran between a wall end and a refrigerator, and
         the agent STOPped after 27 and 53 steps with the rest of the home unexplored. Only an agent
-        about to STOP with nothing left (resets and retracing spent) narrows it, so no other walk
+        about to STOP with nothing left (resets and retracing spent), or one whose retrace walked
+        its whole way back without a frontier coming within reach, narrows it, so no other walk
         changes."""
         narrow = self.cfg.walled_in_clearance_m
         if self.stats.clearance_narrowed or narrow >= self.policy.inflation_m:
