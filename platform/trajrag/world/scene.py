@@ -97,8 +97,16 @@ class Scene(GridGeometry):
     # -- geometry ---------------------------------------------------------------------------
     def is_traversable(self, xy: np.ndarray) -> bool:
         """Whether the agent's centre may stand at map-frame ``xy`` (metres)."""
-        cell = self.to_cell(xy)
-        return bool(self.in_bounds(cell) and self.traversable[cell[0], cell[1]])
+        return bool(self.traversable_at(np.asarray(xy, dtype=float).reshape(1, 2))[0])
+
+    def traversable_at(self, points: np.ndarray) -> np.ndarray:
+        """bool (N,): whether the agent's centre may stand at each map-frame point (N, 2), metres
+        (False off the map)."""
+        cells = self.to_cell(points)
+        inside = self.in_bounds(cells)
+        free = np.zeros(len(cells), dtype=bool)
+        free[inside] = self.traversable[cells[inside, 0], cells[inside, 1]]
+        return free
 
     def pose_is_valid(self, pose: Pose2D) -> bool:
         return self.is_traversable(pose.xy)

@@ -188,7 +188,7 @@ class GridSimulator:
 
         Checked at points no more than ``collision_step_cells`` cells apart, both ends included.
         """
-        return bool(self._traversable_at(self._collision_samples(start, end)).all())
+        return bool(self.scene.traversable_at(self._collision_samples(start, end)).all())
 
     def _collision_samples(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Points (N, 2) of ``start -> end``, metres, at most ``collision_step_cells`` cells apart."""
@@ -196,20 +196,11 @@ class GridSimulator:
         length = float(np.linalg.norm(np.asarray(end) - np.asarray(start)))
         return np.linspace(start, end, int(math.ceil(length / spacing)) + 1)
 
-    def _traversable_at(self, points: np.ndarray) -> np.ndarray:
-        """Per point (metres), whether it lies on the scene's traversable area (False off the map)."""
-        scene = self.scene
-        cells = scene.to_cell(points)
-        inside = scene.in_bounds(cells)
-        free = np.zeros(len(points), dtype=bool)
-        free[inside] = scene.traversable[cells[inside, 0], cells[inside, 1]]
-        return free
-
     def free_prefix_end(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """The last collision sample of ``start -> end`` (metres) before the first one off the
         traversable area (``end`` itself when the whole segment is free; ``start`` is on it)."""
         points = self._collision_samples(start, end)
-        free = self._traversable_at(points)
+        free = self.scene.traversable_at(points)
         blocked = np.flatnonzero(~free)
         return np.asarray(end, dtype=float) if not len(blocked) else points[max(int(blocked[0]) - 1, 0)]
 
